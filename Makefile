@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv and
+# installs what it needs (re-installing only when pyproject.toml changes), then runs.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint unit format clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tunerd needs Python >= 3.11")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Until the simulator lands, the demo is the seed's question asked of the planner:
+# an 8B Llama, AWQ weights, fp8 KV, 4 × 32K tokens on one RTX 4090.
+demo: $(STAMP)
+	$(BIN)/tunerd plan --model llama-3.1-8b --weights awq --kv-dtype fp8 --gpu rtx4090 \
+		--concurrency 4 --context 32768 --explain
+	@echo
+	$(BIN)/tunerd plan --model llama-3.1-8b --weights bf16 --kv-dtype fp16 --gpu rtx4090 \
+		--concurrency 4 --context 32768
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check tunerd tests bench
+	$(BIN)/ruff format --check tunerd tests bench
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format tunerd tests bench
+	$(BIN)/ruff check --fix tunerd tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

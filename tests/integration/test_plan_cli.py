@@ -1,0 +1,236 @@
+"""`tunerd plan` as a user runs it: a real process, its stdout, stderr and exit status."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+GIB = 1024**3
+
+
+def tunerd(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "tunerd", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def plan_json(*args: str) -> dict[str, Any]:
+    result = tunerd("plan", *args, "--json", check=True)
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+SEED = ("--gpu", "rtx4090", "--concurrency", "4", "--context", "32768")
+
+
+class TestSeedTable:
+    @pytest.mark.parametrize(
+        ("model", "per_token", "total_gib"),
+        [
+            ("llama-2-7b", 524288, 64),
+            ("llama-3-8b", 131072, 16),
+            ("llama-3.1-8b", 131072, 16),
+            ("mistral-7b", 131072, 16),
+            ("qwen2.5-7b", 57344, 7),
+        ],
+    )
+    def test_plan_json_reproduces_seed_kv_table(self, model: str, per_token: int, total_gib: int) -> None:
+        """The must-show: bf16 weights, fp16 KV, 4 × 32K on a 4090, for every seed model."""
+        fp16 = plan_json("--model", model, "--weights", "bf16", "--kv-dtype", "fp16", *SEED)
+        assert fp16["kv_bytes_per_token"] == per_token
+        assert fp16["kv_bytes_total"] == total_gib * GIB
+        fp8 = plan_json("--model", model, "--weights", "bf16", "--kv-dtype", "fp8", *SEED)
+        assert fp8["kv_bytes_per_token"] * 2 == per_token
+        assert fp8["kv_bytes_total"] * 2 == total_gib * GIB
+
+    def test_plan_context_above_positions_warns_on_stderr(self) -> None:
+        result = tunerd(
+            "plan", "--model", "llama-3-8b", "--weights", "bf16", "--kv-dtype", "fp16", *SEED, "--json"
+        )
+        assert result.returncode == 0
+        assert "exceeds llama-3-8b's max_position_embeddings 8,192" in result.stderr
+        assert json.loads(result.stdout)["warnings"]
+        quiet = tunerd(
+            "plan", "--model", "llama-3.1-8b", "--weights", "bf16", "--kv-dtype", "fp16", *SEED, "--json"
+        )
+        assert quiet.stderr == ""
+
+    @pytest.mark.parametrize(
+        ("weights", "kv", "fits"),
+        [
+            ("bf16", "fp16", False),
+            ("int8", "fp16", False),
+            ("int4", "fp16", False),
+            ("int4", "fp8", True),
+            ("int8", "fp8", True),
+        ],
+    )
+    def test_plan_seed_five_combinations(self, weights: str, kv: str, fits: bool) -> None:
+        result = plan_json("--model", "llama-3.1-8b", "--weights", weights, "--kv-dtype", kv, *SEED)
+        assert result["fits"] is fits
+        assert result["verdict"] == ("comfortable" if fits else "does_not_fit")
+        assert result["recommended"]["fits"] is True
+
+    def test_plan_weights_in_json(self) -> None:
+        bf16 = plan_json("--model", "llama-3-8b", "--weights", "bf16", *SEED)
+        assert bf16["model"]["params"] == 8_030_261_248
+        assert bf16["weights_bytes"] / GIB == pytest.approx(14.96, abs=0.01)
+        awq = plan_json("--model", "llama-3-8b", "--weights", "awq", *SEED)
+        assert awq["weights_bytes"] / GIB == pytest.approx(5.33, abs=0.02)
+
+
+class TestExitStatus:
+    def test_plan_check_exits_1_when_not_fitting(self) -> None:
+        no = tunerd(
+            "plan", "--model", "llama-3.1-8b", "--weights", "bf16", "--kv-dtype", "fp16", *SEED, "--check"
+        )
+        assert no.returncode == 1
+        assert "Verdict: does not fit." in no.stdout
+        yes = tunerd(
+            "plan", "--model", "llama-3.1-8b", "--weights", "awq", "--kv-dtype", "fp8", *SEED, "--check"
+        )
+        assert yes.returncode == 0
+
+    def test_plan_without_check_exits_0_either_way(self) -> None:
+        result = tunerd("plan", "--model", "llama-3.1-8b", "--weights", "bf16", "--kv-dtype", "fp16", *SEED)
+        assert result.returncode == 0
+
+    @pytest.mark.parametrize(
+        ("args", "fragment"),
+        [
+            (("--model", "gpt-5", *SEED), "unknown model 'gpt-5'"),
+            (
+                ("--model", "llama-3.1-8b", "--gpu", "rtx4090", "--concurrency", "-4"),
+                "argument --concurrency: must be a positive whole number, got -4",
+            ),
+            (
+                ("--model", "llama-3.1-8b", "--gpu-mem", "24XB", "--context", "4096"),
+                "argument --gpu-mem: invalid size '24XB': unknown unit 'XB'",
+            ),
+            (("--model", "llama-3.1-8b", "--gpu", "rtx5090", "--context", "4096"), "unknown GPU 'rtx5090'"),
+            (("--model", "llama-3.1-8b", "--gpu", "rtx4090"), "give --concurrency N, --context TOKENS"),
+            (("--gpu", "rtx4090", "--context", "4096"), "give --model NAME or --model-config PATH"),
+            (("--model", "llama-3.1-8b", *SEED, "--weights", "int3"), "argument --weights: invalid choice"),
+            (
+                ("--model", "llama-3.1-8b", *SEED, "--gpu-memory-utilization", "1.2"),
+                "argument --gpu-memory-utilization: must be in (0, 1]",
+            ),
+            (
+                ("--model", "llama-3.1-8b", "--gpu", "rtx4090", "--context", "lots"),
+                "invalid token count 'lots'",
+            ),
+        ],
+    )
+    def test_plan_bad_input_one_line_exit_2(self, args: tuple[str, ...], fragment: str) -> None:
+        result = tunerd("plan", *args)
+        assert result.returncode == 2
+        assert result.stdout == ""
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("tunerd plan: error: ")
+        assert fragment in lines[0]
+
+    def test_plan_malformed_config_json_exit_2(self, tmp_path: Path) -> None:
+        config = tmp_path / "config.json"
+        config.write_text('{"num_hidden_layers": 32,,}')
+        result = tunerd("plan", "--model-config", str(config), "--gpu", "rtx4090", "--context", "4096")
+        assert result.returncode == 2
+        expected = f"tunerd plan: error: {config}:1:26: invalid JSON: Expecting property name"
+        assert result.stderr.startswith(expected)
+        assert result.stderr.count("\n") == 1
+
+    def test_plan_config_missing_field_exit_2(self, tmp_path: Path) -> None:
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps({"num_hidden_layers": 32, "hidden_size": 4096}))
+        result = tunerd("plan", "--model-config", str(config), "--gpu", "rtx4090", "--context", "4096")
+        assert result.returncode == 2
+        assert "field 'num_attention_heads' is missing" in result.stderr
+
+
+class TestOutputs:
+    def test_plan_help_teaches(self) -> None:
+        result = tunerd("plan", "--help", check=True)
+        for fragment in ("--model-config", "--gpu-mem", "--explain", "--check", "examples:", "exit status"):
+            assert fragment in result.stdout
+
+    def test_plan_list_shows_models_and_gpus(self) -> None:
+        result = tunerd("plan", "--list", check=True)
+        assert "qwen3-8b" in result.stdout
+        assert "rtx4090" in result.stdout
+        assert "0.92" in result.stdout
+
+    def test_plan_explain_shows_arithmetic(self) -> None:
+        result = tunerd(
+            "plan",
+            "--model",
+            "llama-3.1-8b",
+            "--weights",
+            "awq",
+            "--kv-dtype",
+            "fp8",
+            *SEED,
+            "--explain",
+            check=True,
+        )
+        assert "2 (K and V) × 32 layers × 8 KV heads × 128 head_dim × 1 B (fp8) = 65,536 B/token" in (
+            result.stdout
+        )
+        assert "ceil(23.52 GiB × 0.92)" in result.stdout
+
+    def test_plan_inverse_context(self) -> None:
+        result = plan_json(
+            "--model", "qwen2.5-7b", "--weights", "bf16", "--gpu", "rtx4090", "--concurrency", "8"
+        )
+        assert result["workload"]["context_derived"] is True
+        assert result["fits"] is True
+        assert result["max_context_for_concurrency"] == result["workload"]["context"]
+
+    def test_plan_inverse_concurrency(self) -> None:
+        result = plan_json(
+            "--model",
+            "llama-3.1-8b",
+            "--weights",
+            "awq",
+            "--kv-dtype",
+            "fp8",
+            "--gpu",
+            "rtx4090",
+            "--context",
+            "32K",
+        )
+        assert result["workload"]["concurrency_derived"] is True
+        assert result["workload"]["concurrency"] == result["max_concurrency_for_context"] == 7
+
+    def test_plan_gpu_mem_custom_card(self) -> None:
+        result = plan_json(
+            "--model",
+            "llama-3.1-8b",
+            "--weights",
+            "awq",
+            "--kv-dtype",
+            "fp8",
+            "--gpu-mem",
+            "23.52GiB",
+            "--concurrency",
+            "4",
+            "--context",
+            "32768",
+        )
+        assert result["gpu"]["name"] == "custom"
+        assert result["fits"] is True
+
+    def test_plan_console_script_installed(self) -> None:
+        script = Path(sys.executable).parent / "tunerd"
+        result = subprocess.run(
+            [str(script), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        assert result.returncode == 0
+        assert result.stdout.startswith("tunerd ")

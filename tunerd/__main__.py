@@ -1,0 +1,7 @@
+"""``python -m tunerd`` runs the command line."""
+
+import sys
+
+from tunerd.cli import main
+
+sys.exit(main())

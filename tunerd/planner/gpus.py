@@ -1,0 +1,148 @@
+"""GPU profiles: the memory CUDA really exposes on each card, not the number on the box.
+
+``total_bytes`` is what ``cudaMemGetInfo`` (and so PyTorch and vLLM) reports as the device
+total: the driver keeps a few hundred MiB for itself, so an RTX 4090 sold as 24 GiB exposes
+about 23.5 GiB. vLLM's budget is ``ceil(total_bytes × gpu_memory_utilization)``, so planning
+against the box's number overstates every pool. The figures and their sources are listed in
+``docs/planner.md`` (GPU profiles); newer drivers report slightly less than older ones, and
+each profile takes the newest report found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunerd.units import MIB
+
+__all__ = ["GPU_PROFILES", "GpuProfile", "gpu_profile"]
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    description: str
+    total_bytes: int  # CUDA-visible total
+    nvidia_smi_total_mib: int  # what `nvidia-smi --query-gpu=memory.total` prints
+    consumer: bool  # a desktop card (display neighbours, PCIe, 24 GiB class)
+    arch: str  # ampere | ada | hopper
+    reported: str  # how the total was seen, for --explain
+
+    @property
+    def fp8_kv_native(self) -> bool:
+        """fp8 has hardware support (Ada, Hopper); Ampere cards depend on the attention backend."""
+        return self.arch in {"ada", "hopper"}
+
+    @property
+    def vllm_default_max_num_seqs(self) -> int:
+        """vLLM 0.33's API-server default for ``--max-num-seqs`` on this card."""
+        return 1024 if self._large else 256
+
+    @property
+    def vllm_default_max_num_batched_tokens(self) -> int:
+        """vLLM 0.33's API-server default for ``--max-num-batched-tokens`` on this card."""
+        if self.total_bytes >= 160 * 1024**3:
+            return 16384
+        return 8192 if self._large else 2048
+
+    @property
+    def _large(self) -> bool:
+        # arg_utils: 70 GiB or more, except that every A100 keeps the small defaults.
+        return self.total_bytes >= 70 * 1024**3 and not self.name.startswith("a100")
+
+
+def _mib(value: float) -> int:
+    return int(value * MIB)
+
+
+GPU_PROFILES: dict[str, GpuProfile] = {
+    profile.name: profile
+    for profile in (
+        GpuProfile(
+            "rtx4090",
+            "NVIDIA GeForce RTX 4090 24 GB",
+            _mib(24084),
+            24564,
+            True,
+            "ada",
+            "23.52 GiB total in torch's OOM text and vLLM's start-up check (driver R580)",
+        ),
+        GpuProfile(
+            "rtx3090",
+            "NVIDIA GeForce RTX 3090 24 GB",
+            _mib(24125),
+            24576,
+            True,
+            "ampere",
+            "23.56 GiB in vLLM's 'Free memory on device (22.93/23.56 GiB)'",
+        ),
+        GpuProfile(
+            "l40s",
+            "NVIDIA L40S 48 GB",
+            _mib(45599),
+            46068,
+            False,
+            "ada",
+            "44.53 GiB total capacity in torch's OOM text",
+        ),
+        GpuProfile(
+            "a100-40g",
+            "NVIDIA A100-SXM4-40GB",
+            42298834944,
+            40960,
+            False,
+            "ampere",
+            "42,298,834,944 bytes from deviceQuery (39.39 GiB)",
+        ),
+        GpuProfile(
+            "a100-80g",
+            "NVIDIA A100-SXM4-80GB",
+            _mib(81050),
+            81920,
+            False,
+            "ampere",
+            "total_gpu_memory=79.15GiB in vLLM's start-up log",
+        ),
+        GpuProfile(
+            "h100-80g",
+            "NVIDIA H100 80GB HBM3",
+            _mib(81009),
+            81559,
+            False,
+            "hopper",
+            "79.11 GiB total capacity in torch's OOM text",
+        ),
+        GpuProfile(
+            "h200",
+            "NVIDIA H200 141 GB",
+            _mib(143166),
+            143771,
+            False,
+            "hopper",
+            "139.81 GiB in vLLM's 'Free memory on device (139.21/139.81 GiB)'",
+        ),
+    )
+}
+
+_ALIASES = {
+    "4090": "rtx4090",
+    "rtx-4090": "rtx4090",
+    "3090": "rtx3090",
+    "rtx-3090": "rtx3090",
+    "a100": "a100-80g",
+    "a100-40gb": "a100-40g",
+    "a100-80gb": "a100-80g",
+    "h100": "h100-80g",
+    "h100-80gb": "h100-80g",
+    "h200-141g": "h200",
+}
+
+
+def gpu_profile(name: str) -> GpuProfile:
+    """The profile called ``name``; ``KeyError``-free: unknown names raise ``ValueError``."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    profile = GPU_PROFILES.get(key)
+    if profile is None:
+        known = ", ".join(GPU_PROFILES)
+        raise ValueError(f"unknown GPU '{name}' (known: {known}; or pass --gpu-mem SIZE)")
+    return profile
