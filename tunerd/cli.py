@@ -10,11 +10,12 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import NoReturn
 
 from tunerd import __version__
 from tunerd.planner.bills import KV_DTYPES, WEIGHT_FORMATS
-from tunerd.planner.gpus import GPU_PROFILES, GpuProfile, gpu_profile
+from tunerd.planner.gpus import GPU_PROFILES, GpuProfile, custom_gpu, gpu_profile
 from tunerd.planner.recommend import PlanRequest, make_plan, safe_utilization
 from tunerd.planner.report import plan_to_dict, render_text
 from tunerd.planner.shapes import (
@@ -25,7 +26,7 @@ from tunerd.planner.shapes import (
     load_model_config,
     shape_from_config,
 )
-from tunerd.units import GIB, UnitError, format_size, parse_size, parse_token_count
+from tunerd.units import UnitError, format_size, parse_size, parse_token_count
 
 __all__ = ["main"]
 
@@ -218,33 +219,17 @@ def _resolve_shape(args: argparse.Namespace) -> ModelShape:
 
 
 def _resolve_gpu(args: argparse.Namespace) -> GpuProfile:
-    if args.gpu:
-        try:
-            profile = gpu_profile(args.gpu)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
-        if args.gpu_mem is None:
-            return profile
-        return GpuProfile(
-            profile.name,
-            profile.description,
-            args.gpu_mem,
-            profile.nvidia_smi_total_mib,
-            profile.consumer,
-            profile.arch,
-            f"--gpu-mem {format_size(args.gpu_mem)}",
-        )
-    if args.gpu_mem is not None:
-        return GpuProfile(
-            "custom",
-            f"a GPU of {format_size(args.gpu_mem)}",
-            args.gpu_mem,
-            0,
-            args.gpu_mem <= 32 * GIB,
-            "unknown",
-            "--gpu-mem",
-        )
-    raise UsageError("give --gpu NAME or --gpu-mem SIZE")
+    if args.gpu is None and args.gpu_mem is None:
+        raise UsageError("give --gpu NAME or --gpu-mem SIZE")
+    if args.gpu is None:
+        return custom_gpu(args.gpu_mem)
+    try:
+        profile = gpu_profile(args.gpu)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.gpu_mem is None:
+        return profile
+    return replace(profile, total_bytes=args.gpu_mem, reported=f"--gpu-mem {format_size(args.gpu_mem)}")
 
 
 def _list_known() -> str:

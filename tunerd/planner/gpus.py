@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tunerd.units import MIB
 
-__all__ = ["GPU_PROFILES", "GpuProfile", "gpu_profile"]
+__all__ = ["GPU_PROFILES", "GpuProfile", "custom_gpu", "gpu_profile"]
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,26 @@ _ALIASES = {
 }
 
 
+#: A card of this size or less is planned with consumer-card rules (the 24 GiB class).
+CONSUMER_MAX_BYTES = 32 * 1024**3
+
+
+def custom_gpu(total_bytes: int) -> GpuProfile:
+    """A card known only by its CUDA-visible total (``--gpu-mem``)."""
+    return GpuProfile(
+        name="custom",
+        description=f"a GPU of {total_bytes / 1024**3:.2f} GiB",
+        total_bytes=total_bytes,
+        nvidia_smi_total_mib=0,
+        consumer=total_bytes <= CONSUMER_MAX_BYTES,
+        arch="unknown",
+        reported="--gpu-mem",
+    )
+
+
 def gpu_profile(name: str) -> GpuProfile:
-    """The profile called ``name``; ``KeyError``-free: unknown names raise ``ValueError``."""
+    """The profile called ``name`` (aliases such as ``4090`` accepted); unknown names raise
+    ``ValueError`` listing the known ones."""
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     profile = GPU_PROFILES.get(key)

@@ -77,6 +77,7 @@ class Settings:
 class Scenario:
     """One setup, priced: the four bills, vLLM's pool and the verdict."""
 
+    shape: ModelShape
     weights_format: str
     kv_dtype: str
     context: int
@@ -129,17 +130,23 @@ class Scenario:
             return "does_not_fit"
         return "comfortable" if self.spare_bytes >= COMFORT_SHARE * self.gpu_bytes else "tight"
 
-    def max_context_for_concurrency(self, max_positions: int, shape: ModelShape) -> int:
+    @property
+    def max_context_for_concurrency(self) -> int:
         """The longest context (block-aligned, ≤ the model's positions) this pool serves
         ``concurrency`` times at once; 0 when not even one block each fits."""
         return _max_context(
-            shape, self.pool.num_blocks, self.concurrency, max_positions, self.settings.max_num_batched_tokens
+            self.shape,
+            self.pool.num_blocks,
+            self.concurrency,
+            self.shape.max_position_embeddings,
+            self.settings.max_num_batched_tokens,
         )
 
-    def max_concurrency_for_context(self, shape: ModelShape) -> int:
+    @property
+    def max_concurrency_for_context(self) -> int:
         """How many sequences of ``context`` tokens the pool holds at once."""
-        per_sequence = sequence_blocks(shape, self.context, self.settings.max_num_batched_tokens)
-        return self.pool.num_blocks // per_sequence if per_sequence else 0
+        per_sequence = sequence_blocks(self.shape, self.context, self.settings.max_num_batched_tokens)
+        return self.pool.num_blocks // per_sequence
 
 
 def _max_context(shape: ModelShape, blocks: int, concurrency: int, limit: int, step_tokens: int) -> int:
@@ -186,6 +193,7 @@ def evaluate(
     )
     needed = concurrency * sequence_blocks(shape, context, settings.max_num_batched_tokens)
     return Scenario(
+        shape=shape,
         weights_format=weights_format,
         kv_dtype=kv_dtype,
         context=context,
@@ -229,14 +237,24 @@ class PlanRequest:
 
 @dataclass(frozen=True)
 class Recommendation:
+    """The settings to run, priced like the input (``scenario``), and why they changed."""
+
     scenario: Scenario
-    weights_format: str
-    kv_dtype: str
-    fits: bool
     reasons: tuple[str, ...]
     vllm_args: tuple[str, ...]
-    max_context_for_concurrency: int
-    max_concurrency_for_context: int
+
+    @property
+    def weights_format(self) -> str:
+        return self.scenario.weights_format
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.scenario.kv_dtype
+
+    @property
+    def fits(self) -> bool:
+        """Whether the workload fits; when nothing does, the flags still start vLLM."""
+        return self.scenario.fits
 
 
 @dataclass(frozen=True)
@@ -245,8 +263,6 @@ class Plan:
     scenario: Scenario  # the operator's setup
     context_asked: bool  # False when the context was derived (inverse question)
     concurrency_asked: bool
-    max_context_for_concurrency: int
-    max_concurrency_for_context: int
     recommendation: Recommendation
     warnings: tuple[str, ...] = field(default=())
 
@@ -277,7 +293,7 @@ def _candidates(weights: str, kv_dtype: str) -> list[tuple[str, str]]:
     return [(w, kv) for w in weight_options for kv in kv_options]
 
 
-def _vllm_args(request: PlanRequest, scenario: Scenario, weights_format: str) -> tuple[str, ...]:
+def _vllm_args(request: PlanRequest, scenario: Scenario) -> tuple[str, ...]:
     settings = scenario.settings
     args = [
         "--gpu-memory-utilization",
@@ -293,8 +309,9 @@ def _vllm_args(request: PlanRequest, scenario: Scenario, weights_format: str) ->
         VLLM_KV_DTYPE[scenario.kv_dtype],
     ]
     native = request.shape.native_weights
-    if weights_format in _SIXTEEN_BIT and native in _SIXTEEN_BIT and weights_format != native:
-        args += ["--dtype", "float16" if weights_format == "fp16" else "bfloat16"]
+    weights = scenario.weights_format
+    if weights in _SIXTEEN_BIT and native in _SIXTEEN_BIT and weights != native:
+        args += ["--dtype", "float16" if weights == "fp16" else "bfloat16"]
     if settings.tensor_parallel > 1:
         args += ["--tensor-parallel-size", str(settings.tensor_parallel)]
     if settings.enforce_eager:
@@ -346,7 +363,6 @@ def _recommend(request: PlanRequest, context: int, concurrency: int) -> Recommen
         if candidate.fits:
             break
     assert chosen is not None
-    fits = chosen.fits
     if chosen.kv_dtype != request.kv_dtype:
         reasons.append(
             f"kv_cache_dtype {request.kv_dtype} → fp8: halves the KV cache "
@@ -358,7 +374,7 @@ def _recommend(request: PlanRequest, context: int, concurrency: int) -> Recommen
             f"weights {request.weights} → {chosen.weights_format}: serve {label} checkpoint "
             f"({format_size(chosen.weights.bytes)} loaded)"
         )
-    if not fits and chosen.pool.available_bytes > 0 and not chosen.pool.fits_one_request:
+    if not chosen.fits and chosen.pool.available_bytes > 0 and not chosen.pool.fits_one_request:
         # Nothing serves the workload; at least recommend flags vLLM will start with.
         longest = _max_context(
             shape, chosen.pool.num_blocks, 1, served_context, settings.max_num_batched_tokens
@@ -378,16 +394,7 @@ def _recommend(request: PlanRequest, context: int, concurrency: int) -> Recommen
                 f"max_model_len {served_context} → {longest}: the largest single request the "
                 f"pool holds (vLLM refuses to start otherwise)"
             )
-    return Recommendation(
-        scenario=chosen,
-        weights_format=chosen.weights_format,
-        kv_dtype=chosen.kv_dtype,
-        fits=fits,
-        reasons=tuple(reasons),
-        vllm_args=_vllm_args(request, chosen, chosen.weights_format),
-        max_context_for_concurrency=chosen.max_context_for_concurrency(shape.max_position_embeddings, shape),
-        max_concurrency_for_context=chosen.max_concurrency_for_context(shape),
-    )
+    return Recommendation(scenario=chosen, reasons=tuple(reasons), vllm_args=_vllm_args(request, chosen))
 
 
 def _input_settings(request: PlanRequest, concurrency: int) -> Settings:
@@ -458,29 +465,10 @@ def make_plan(request: PlanRequest) -> Plan:
         raise ValueError("give --concurrency, --context or both")
     concurrency_asked = request.concurrency is not None
     context_asked = request.context is not None
-    probe_concurrency = request.concurrency if request.concurrency is not None else 1
-    probe_context = request.context if request.context is not None else shape.max_position_embeddings
-    settings = _input_settings(request, probe_concurrency)
-    probe = evaluate(
-        shape,
-        request.gpu,
-        weights_format=request.weights,
-        kv_dtype=request.kv_dtype,
-        context=probe_context,
-        concurrency=probe_concurrency,
-        settings=settings,
-    )
-    context = request.context
-    concurrency = request.concurrency
-    if context is None:
-        context = max(probe.max_context_for_concurrency(shape.max_position_embeddings, shape), BLOCK_SIZE)
-    if concurrency is None:
-        concurrency = max(probe.max_concurrency_for_context(shape), 1)
-    while True:
-        # max_num_seqs follows the concurrency, and the sampler's share of the pool with it:
-        # step a derived concurrency down until the pool really holds it.
+
+    def price(context: int, concurrency: int) -> Scenario:
         settings = _input_settings(request, concurrency)
-        scenario = evaluate(
+        return evaluate(
             shape,
             request.gpu,
             weights_format=request.weights,
@@ -489,9 +477,19 @@ def make_plan(request: PlanRequest) -> Plan:
             concurrency=concurrency,
             settings=settings,
         )
-        if concurrency_asked or scenario.pool_fits or concurrency == 1:
-            break
+
+    concurrency = request.concurrency if request.concurrency is not None else 1
+    context = request.context if request.context is not None else shape.max_position_embeddings
+    if not context_asked:
+        context = max(price(context, concurrency).max_context_for_concurrency, BLOCK_SIZE)
+    if not concurrency_asked:
+        concurrency = max(price(context, concurrency).max_concurrency_for_context, 1)
+    scenario = price(context, concurrency)
+    # max_num_seqs follows the concurrency, and the sampler's share of the pool with it: step a
+    # derived concurrency down until the pool really holds it.
+    while not concurrency_asked and not scenario.pool_fits and concurrency > 1:
         concurrency -= 1
+        scenario = price(context, concurrency)
     recommendation = _recommend(request, context, concurrency)
     warnings = _warnings(request, scenario)
     if recommendation.kv_dtype == "fp8" and not request.gpu.fp8_kv_native and request.gpu.arch != "unknown":
@@ -504,18 +502,14 @@ def make_plan(request: PlanRequest) -> Plan:
         warnings.append(
             f"nothing fits {concurrency} × {min(context, shape.max_position_embeddings):,} tokens on "
             f"one {request.gpu.name}: at the recommended settings the pool holds "
-            f"{recommendation.max_concurrency_for_context} such requests, or "
-            f"{recommendation.max_context_for_concurrency:,} tokens each for {concurrency}"
+            f"{recommendation.scenario.max_concurrency_for_context} such requests, or "
+            f"{recommendation.scenario.max_context_for_concurrency:,} tokens each for {concurrency}"
         )
     return Plan(
         request=request,
         scenario=scenario,
         context_asked=context_asked,
         concurrency_asked=concurrency_asked,
-        max_context_for_concurrency=scenario.max_context_for_concurrency(
-            shape.max_position_embeddings, shape
-        ),
-        max_concurrency_for_context=scenario.max_concurrency_for_context(shape),
         recommendation=recommendation,
         warnings=tuple(warnings),
     )

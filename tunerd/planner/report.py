@@ -66,8 +66,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         verdict=chosen.verdict,
         reasons=list(recommendation.reasons),
         kv_pool_bytes=max(chosen.pool.available_bytes, 0),
-        max_context_for_concurrency=recommendation.max_context_for_concurrency,
-        max_concurrency_for_context=recommendation.max_concurrency_for_context,
+        max_context_for_concurrency=recommendation.scenario.max_context_for_concurrency,
+        max_concurrency_for_context=recommendation.scenario.max_concurrency_for_context,
     )
     return {
         "kv_bytes_per_token": scenario.kv_bytes_per_token,
@@ -134,8 +134,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "spare_bytes": scenario.spare_bytes,
             "slack_bytes": scenario.slack_bytes,
         },
-        "max_context_for_concurrency": plan.max_context_for_concurrency,
-        "max_concurrency_for_context": plan.max_concurrency_for_context,
+        "max_context_for_concurrency": scenario.max_context_for_concurrency,
+        "max_concurrency_for_context": scenario.max_concurrency_for_context,
     }
 
 
@@ -212,11 +212,11 @@ def _verdict_lines(plan: Plan) -> list[str]:
             f"will end in CUDA OOM."
         )
     limit = plan.request.shape.max_position_embeddings
-    capped = " (the model's max_position_embeddings)" if plan.max_context_for_concurrency == limit else ""
+    capped = " (the model's max_position_embeddings)" if scenario.max_context_for_concurrency == limit else ""
     lines.append(
         f"  Largest context for {scenario.concurrency} requests: "
-        f"{plan.max_context_for_concurrency:,} tokens{capped}. Requests of {scenario.context:,} "
-        f"tokens at once: {plan.max_concurrency_for_context}."
+        f"{scenario.max_context_for_concurrency:,} tokens{capped}. Requests of {scenario.context:,} "
+        f"tokens at once: {scenario.max_concurrency_for_context}."
     )
     return lines
 

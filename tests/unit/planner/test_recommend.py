@@ -230,8 +230,8 @@ class TestInverseQuestions:
 
     def test_make_plan_inverse_answers_always_present(self) -> None:
         plan = _plan(weights="bf16", kv="fp16")
-        assert plan.max_concurrency_for_context == 1
-        assert 0 < plan.max_context_for_concurrency < 32768
+        assert plan.scenario.max_concurrency_for_context == 1
+        assert 0 < plan.scenario.max_context_for_concurrency < 32768
 
     def test_make_plan_needs_concurrency_or_context(self) -> None:
         with pytest.raises(ValueError, match="give --concurrency, --context or both"):
