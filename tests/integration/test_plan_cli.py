@@ -234,3 +234,29 @@ class TestOutputs:
         )
         assert result.returncode == 0
         assert result.stdout.startswith("tunerd ")
+
+
+class TestModelConfigFiles:
+    CONFIGS = Path(__file__).parents[1] / "data" / "model_configs"
+
+    def test_plan_model_config_not_builtin_kv_bytes(self) -> None:
+        """A real config.json of a model with no built-in shape (Cohere Command-R v01)."""
+        result = plan_json(
+            "--model-config",
+            str(self.CONFIGS / "command-r-v01.json"),
+            "--gpu",
+            "h100-80g",
+            "--concurrency",
+            "2",
+            "--context",
+            "8192",
+        )
+        assert result["kv_bytes_per_token"] == 1_310_720
+        assert result["kv_bytes_total"] == 1_310_720 * 8192 * 2
+        assert result["model"]["head_dim"] == 128
+
+    def test_plan_model_config_mixed_attention_exit_2(self) -> None:
+        path = self.CONFIGS / "gemma-2-9b-it.json"
+        result = tunerd("plan", "--model-config", str(path), "--gpu", "rtx4090", "--context", "4096")
+        assert result.returncode == 2
+        assert result.stderr.startswith(f"tunerd plan: error: {path}: gemma2 interleaves")

@@ -234,6 +234,8 @@ def load_model_config(path: str | Path) -> dict[str, Any]:
 # Hybrid and exotic attention the planner refuses rather than miscount.
 _MIXED_ATTENTION_TYPES = {"gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss", "llama4", "llama4_text"}
 _UNIFORM_WINDOW_TYPES = {"mistral", "mixtral", "phi3", "starcoder2"}
+# transformers' config defaults when "sliding_window" is absent (MistralConfig: 4096).
+_DEFAULT_WINDOWS = {"mistral": 4096}
 _DTYPES = {
     "bfloat16": "bfloat16",
     "bf16": "bfloat16",
@@ -346,7 +348,11 @@ def _check_attention_layout(config: dict[str, Any], model_type: str, where: str)
             f"{where}: mixed attention layers ({', '.join(sorted(str(k) for k in kinds))} in "
             f"layer_types) are not planned: vLLM sizes such pools per layer group"
         )
-    window = config.get("sliding_window")
+    if model_type in _MIXED_ATTENTION_TYPES:
+        raise ShapeError(
+            f"{where}: {model_type} interleaves sliding-window and full attention layers; "
+            f"mixed layouts are not planned"
+        )
     if model_type in {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}:
         if config.get("use_sliding_window"):
             raise ShapeError(
@@ -354,15 +360,14 @@ def _check_attention_layout(config: dict[str, Any], model_type: str, where: str)
                 f"{config.get('max_window_layers')!r}: mixed sliding/full layers are not planned"
             )
         return None
+    # An absent key takes the transformers config class's default, as vLLM reads it.
+    window = config["sliding_window"] if "sliding_window" in config else _DEFAULT_WINDOWS.get(model_type)
     if window is None:
         return None
-    if model_type in _MIXED_ATTENTION_TYPES:
-        raise ShapeError(
-            f"{where}: {model_type} interleaves sliding-window and full attention layers; "
-            f"mixed layouts are not planned"
-        )
     if model_type in _UNIFORM_WINDOW_TYPES:
-        return _positive_int(config, "sliding_window", where)
+        if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+            raise ShapeError(f"{where}: field 'sliding_window' must be a positive integer or null")
+        return window
     raise ShapeError(
         f"{where}: sliding_window {window!r} on model_type {model_type or '(none)'!r}: cannot tell "
         f'whether every layer slides; add "layer_types" to the config to say which layers do'

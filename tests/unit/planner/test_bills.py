@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from tunerd.planner.bills import (
     BLOCK_SIZE,
     NON_TORCH_BYTES,

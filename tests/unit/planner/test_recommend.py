@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tunerd.planner.bills import BLOCK_SIZE
 from tunerd.planner.gpus import GPU_PROFILES, gpu_profile
 from tunerd.planner.recommend import MIN_SLACK_BYTES, Plan, PlanRequest, make_plan, safe_utilization

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tunerd.planner.bills import kv_bytes_per_token
 from tunerd.planner.shapes import (
     BUILTIN_MODELS,
