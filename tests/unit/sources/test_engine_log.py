@@ -1,0 +1,168 @@
+"""Log diagnosis: start-up figures and crash kinds (DESIGN §4.4) on real failure texts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunerd.sources.engine_log import LogDiagnoser, diagnose
+
+DATA = Path(__file__).parents[2] / "data"
+FAILURES = DATA / "vllm-failures"
+MIB = 1024**2
+GIB = 1024**3
+
+
+def _diagnose_file(name: str, exit_code: int | None = None):  # type: ignore[no-untyped-def]
+    return diagnose((FAILURES / name).read_text().splitlines(), exit_code=exit_code)
+
+
+class TestReferenceFailureTexts:
+    @pytest.mark.parametrize(
+        ("file", "kind", "phase"),
+        [
+            ("oom-runtime-club3090-58.log", "cuda_oom", "runtime"),
+            ("oom-27466.log", "cuda_oom", "startup"),  # one line: nothing says it was serving
+            ("oom-26863.log", "cuda_oom", "startup"),
+            ("no-kv-memory-27508.log", "no_kv_cache_memory", "startup"),
+            ("no-kv-memory-033-format.log", "no_kv_cache_memory", "startup"),
+            ("insufficient-free-nosana-170.log", "insufficient_free_memory", "startup"),
+            ("max-len-v0-10517.log", "max_model_len_exceeds_kv", "startup"),
+            ("max-len-033-format.log", "max_model_len_exceeds_kv", "startup"),
+            ("max-len-v0.10-models-typo.log", "max_model_len_exceeds_kv", "startup"),
+            ("weights-oom-033-format.log", "cuda_oom", "startup"),
+            ("engine-died-v0.10-27549.log", "engine_dead", "runtime"),
+            ("engine-dead-v0-13252.log", "engine_dead", "runtime"),
+        ],
+    )
+    def test_diagnose_failure_kind_and_phase(self, file: str, kind: str, phase: str) -> None:
+        crash = _diagnose_file(file).crash
+        assert crash is not None
+        assert (crash.kind, crash.phase) == (kind, phase)
+
+    def test_diagnose_oom_extracts_allocation_and_neighbours(self) -> None:
+        crash = _diagnose_file("oom-27466.log").crash
+        assert crash is not None
+        assert crash.tried_to_allocate_bytes == 960 * MIB
+        assert crash.other_processes == ((854401, round(78.43 * GIB)),)
+
+    def test_diagnose_oom_root_cause_wins_over_engine_dead(self) -> None:
+        """The EngineDeadError line comes first; the OOM below it is the cause."""
+        crash = _diagnose_file("oom-runtime-club3090-58.log").crash
+        assert crash is not None
+        assert crash.kind == "cuda_oom"
+        assert crash.tried_to_allocate_bytes == 50 * MIB
+        assert crash.message.startswith("torch.OutOfMemoryError")
+
+    @pytest.mark.parametrize(
+        ("file", "estimate"),
+        [
+            ("max-len-033-format.log", 15728),
+            ("max-len-v0.10-models-typo.log", 15728),
+            ("max-len-v0-10517.log", 23648),
+        ],
+    )
+    def test_diagnose_estimated_max_model_len(self, file: str, estimate: int) -> None:
+        crash = _diagnose_file(file).crash
+        assert crash is not None
+        assert crash.estimated_max_model_len == estimate
+
+    def test_diagnose_weights_oom_allocation(self) -> None:
+        crash = _diagnose_file("weights-oom-033-format.log").crash
+        assert crash is not None
+        assert crash.tried_to_allocate_bytes == round(1.96 * GIB)
+
+
+class TestStartupFigures:
+    def test_diagnose_one_line_kv_size_format(self) -> None:
+        result = diagnose(
+            [
+                "(EngineCore pid=107) INFO 07-06 22:52:01 [gpu_model_runner.py:5089] Model loading took "
+                "14.99 GiB memory and 6.720924 seconds",
+                "(EngineCore pid=107) INFO 07-06 22:52:09 [gpu_worker.py:773] Available KV cache memory: 5.98 GiB",
+                "(EngineCore pid=107) INFO 07-06 22:52:09 [kv_cache_utils.py:1148] GPU KV cache size: 567,978 "
+                "tokens, Maximum concurrency for 131,072 tokens per request: 4.33x",
+            ]
+        )
+        assert result.model_loading_gib == 14.99
+        assert result.available_kv_cache_gib == 5.98
+        assert result.kv_cache_size_tokens == 567_978
+        assert (result.max_concurrency, result.max_model_len) == (4.33, 131_072)
+        assert result.crash is None
+
+    def test_diagnose_two_line_kv_size_format_with_colours(self) -> None:
+        """v0.24 (club-3090#612) printed the two figures on two lines; colours on a TTY."""
+        result = diagnose(
+            [
+                "\x1b[1;36m(EngineCore pid=107)\x1b[0;0m INFO 07-06 22:52:09 [kv_cache_utils.py:2146] "
+                "GPU KV cache size: 567,978 tokens",
+                "(EngineCore pid=107) INFO 07-06 22:52:09 [kv_cache_utils.py:2147] Maximum concurrency for "
+                "131,072 tokens per request: 4.33x",
+            ]
+        )
+        assert result.kv_cache_size_tokens == 567_978
+        assert result.max_concurrency == 4.33
+
+    def test_diagnose_v0_blocks_and_loading(self) -> None:
+        """V0 (vllm#12330): weights in 'GB' and the pool as 16-token blocks."""
+        result = diagnose(
+            [
+                "INFO 01-21 10:00:00 model_runner.py:1099] Loading model weights took 14.9595 GB",
+                "INFO 01-21 10:00:05 executor_base.py:115] # GPU blocks: 5691, # CPU blocks: 2048",
+                "INFO 01-21 10:00:05 executor_base.py:120] Maximum concurrency for 8192 tokens per request: 11.12x",
+            ]
+        )
+        assert result.model_loading_gib == 14.9595
+        assert result.kv_cache_size_tokens == 5691 * 16
+        assert result.max_concurrency == 11.12
+
+    def test_diagnose_kv_cache_memory_bytes_variant(self) -> None:
+        result = diagnose(
+            [
+                "INFO [gpu_worker.py:300] Reserved 2.0 GiB... reserved 4.0 GiB memory for KV Cache as "
+                "specified by kv_cache_memory_bytes config and skipped memory profiling."
+            ]
+        )
+        assert result.available_kv_cache_gib == 4.0
+
+
+class TestShutdownAndRuns:
+    def test_diagnose_requested_shutdown_is_not_a_crash(self) -> None:
+        lines = [
+            "INFO Starting vLLM API server 0 on http://0.0.0.0:8000",
+            "INFO [launcher.py:46] [shutdown] API server: received signal=SIGTERM, stopping",
+            "ERROR vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+        ]
+        result = diagnose(lines, exit_code=0)
+        assert result.shutdown_requested
+        assert result.crash is None
+
+    def test_diagnose_unexplained_exit_is_unknown(self) -> None:
+        result = diagnose(["INFO starting", "INFO loading weights"], exit_code=1)
+        assert result.crash is not None
+        assert (result.crash.kind, result.crash.phase) == ("unknown", "startup")
+
+    def test_diagnose_killed_by_sigterm_without_log_is_not_a_crash(self) -> None:
+        assert diagnose(["INFO up"], exit_code=-15).crash is None
+
+    def test_diagnose_new_run_resets(self) -> None:
+        """A log file with two runs: the crash of the first does not stick to the second."""
+        lines = [
+            "INFO vLLM API server version 0.33.0",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 50.00 MiB.",
+            "INFO vLLM API server version 0.33.0",
+            "INFO GPU KV cache size: 100,000 tokens",
+            "INFO Application startup complete.",
+        ]
+        result = diagnose(lines)
+        assert result.crash is None
+        assert result.kv_cache_size_tokens == 100_000
+        assert result.ready
+
+    def test_diagnoser_incremental_equals_whole(self) -> None:
+        text = (FAILURES / "oom-27466.log").read_text().splitlines()
+        diagnoser = LogDiagnoser()
+        for line in text:
+            diagnoser.feed(line)
+        assert diagnoser.result() == diagnose(text)

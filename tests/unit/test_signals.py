@@ -1,0 +1,72 @@
+"""Engine memory derived from a GPU sample: the engine's PIDs, its budget, its neighbours."""
+
+from __future__ import annotations
+
+import math
+
+from tunerd.signals import engine_gpus, engine_memory, gpu_signals
+from tunerd.sources.gpu import GpuProcess, GpuSample
+
+GIB = 1024**3
+
+
+def _gpu(index: int, processes: list[tuple[int, int | None]], total: int = 24 * GIB) -> GpuSample:
+    used = sum(p[1] or 0 for p in processes)
+    return GpuSample(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="NVIDIA GeForce RTX 4090",
+        memory_total_bytes=total,
+        memory_used_bytes=used,
+        memory_free_bytes=total - used,
+        memory_reserved_bytes=None,
+        utilization_ratio=0.5,
+        processes=tuple(GpuProcess(pid, None, size) for pid, size in processes),
+    )
+
+
+def test_engine_memory_over_budget_against_ceil_of_budget() -> None:
+    gpu = _gpu(0, [(100, 22 * GIB), (200, GIB // 2)])
+    memory = engine_memory([gpu], engine_pids={100}, gpu_memory_utilization=0.9)
+    assert memory.engine_memory_bytes == 22 * GIB
+    assert memory.other_processes_memory_bytes == GIB // 2
+    assert memory.engine_over_budget_bytes == 22 * GIB - math.ceil(24 * GIB * 0.9)
+
+
+def test_engine_memory_worst_gpu_decides() -> None:
+    """Tensor parallel: two ranks; the GPU most over budget is the engine's number."""
+    calm = _gpu(0, [(100, 20 * GIB)])
+    hot = _gpu(1, [(101, 23 * GIB), (300, GIB)])
+    memory = engine_memory([calm, hot], engine_pids={100, 101}, gpu_memory_utilization=0.92)
+    assert memory.gpu_index == 1
+    assert memory.engine_memory_bytes == 23 * GIB
+    assert memory.other_processes_memory_bytes == GIB
+
+
+def test_engine_memory_unknown_usage_is_none_not_smaller() -> None:
+    gpu = _gpu(0, [(100, 20 * GIB), (101, None)])
+    memory = engine_memory([gpu], engine_pids={100, 101}, gpu_memory_utilization=0.9)
+    assert memory.engine_memory_bytes is None
+    assert memory.engine_over_budget_bytes is None
+
+
+def test_engine_memory_no_gpus() -> None:
+    memory = engine_memory([], engine_pids={1}, gpu_memory_utilization=0.9)
+    assert memory.as_signals() == {
+        "engine_memory_bytes": None,
+        "engine_over_budget_bytes": None,
+        "other_processes_memory_bytes": None,
+    }
+
+
+def test_engine_gpus_by_index_or_uuid() -> None:
+    gpus = [_gpu(0, []), _gpu(1, []), _gpu(2, [])]
+    assert [g.index for g in engine_gpus(gpus, [0, "GPU-2"])] == [0, 2]
+    assert [g.index for g in engine_gpus(gpus, [])] == [0, 1, 2]
+
+
+def test_gpu_signals_ratio_only_when_known() -> None:
+    gpu = _gpu(0, [(1, 12 * GIB)])
+    assert gpu_signals(gpu)["gpu_memory_used_ratio"] == 0.5
+    unknown = GpuSample(0, None, None, None, 5, None, None, None)
+    assert gpu_signals(unknown)["gpu_memory_used_ratio"] is None

@@ -1,0 +1,109 @@
+"""The store: bounded series tagged with generations, windows that never span a restart."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+
+from tunerd.store import Event, Series, Store
+
+
+class TestSeries:
+    def test_series_window_returns_samples_in_range(self) -> None:
+        series = Series(capacity=100)
+        for second in range(10):
+            series.append(float(second), second * 1.5)
+        window = series.window(now=9.0, seconds=3.0)
+        assert [(s.time, s.value) for s in window] == [(6.0, 9.0), (7.0, 10.5), (8.0, 12.0), (9.0, 13.5)]
+
+    def test_series_window_never_spans_generations(self) -> None:
+        """An engine restart starts a new generation: the window only sees the new one."""
+        series = Series(capacity=100)
+        for second in range(5):
+            series.append(float(second), 0.9, generation=1)
+        for second in range(5, 8):
+            series.append(float(second), 0.2, generation=2)
+        assert [s.time for s in series.window(now=7.0, seconds=60.0)] == [5.0, 6.0, 7.0]
+        assert [s.time for s in series.window(now=7.0, seconds=60.0, generation=1)] == [0, 1, 2, 3, 4]
+
+    def test_series_ring_keeps_newest(self) -> None:
+        series = Series(capacity=3)
+        for second in range(10):
+            series.append(float(second), float(second))
+        assert len(series) == 3
+        assert [s.value for s in series] == [7.0, 8.0, 9.0]
+        latest = series.latest()
+        assert latest is not None
+        assert latest.value == 9.0
+
+    def test_series_absent_reading_is_none_not_nan(self) -> None:
+        series = Series(capacity=4)
+        series.append(1.0, None)
+        series.append(2.0, 0.0)
+        assert [s.value for s in series] == [None, 0.0]
+
+    def test_series_refuses_time_going_back(self) -> None:
+        series = Series(capacity=4)
+        series.append(5.0, 1.0)
+        with pytest.raises(ValueError, match="older than the last one"):
+            series.append(4.0, 1.0)
+
+    def test_series_empty(self) -> None:
+        series = Series(capacity=4)
+        assert series.latest() is None
+        assert series.window(10.0, 5.0) == []
+
+
+class TestStore:
+    def test_store_unknown_signal_refused(self) -> None:
+        with pytest.raises(KeyError, match="unknown signal 'kv_cache_usge'"):
+            Store().record("kv_cache_usge", "llama", 0.0, 0.5)
+
+    def test_store_scopes_are_separate(self) -> None:
+        store = Store(capacity=10)
+        store.record("kv_cache_usage", "a", 1.0, 0.5)
+        store.record("kv_cache_usage", "b", 1.0, 0.9)
+        latest = store.latest("kv_cache_usage", "b")
+        assert latest is not None
+        assert latest.value == 0.9
+        assert store.window("kv_cache_usage", "missing", 1.0, 10.0) == []
+        assert store.scopes() == {"a", "b"}
+
+    def test_store_events_bounded_and_filtered(self) -> None:
+        store = Store(capacity=10, max_events=3)
+        for second in range(5):
+            store.add_event(Event(float(second), "engine_crash" if second % 2 else "engine_start", "a"))
+        assert [e.time for e in store.events()] == [2.0, 3.0, 4.0]
+        assert [e.time for e in store.events(kind="engine_crash")] == [3.0]
+        assert [e.time for e in store.events(since=4.0)] == [4.0]
+
+    def test_store_for_retention_capacity(self) -> None:
+        assert Store.for_retention(3600, 0.25).capacity == 14_401
+
+    def test_store_memory_flat_over_a_simulated_day(self) -> None:
+        """A day of 4 Hz GPU samples, 0.5 Hz engine metrics and an event a minute: once the
+        rings and the event log are full, neither the store's own accounting nor the
+        allocator sees it grow."""
+        store = Store.for_retention(retention_seconds=600, interval_seconds=0.25, max_events=32)
+
+        def run(start: int, stop: int) -> None:
+            for tick in range(start, stop):
+                now = tick * 0.25
+                store.record("gpu_memory_used_bytes", "GPU-0", now, 20e9 + tick % 97)
+                if tick % 8 == 0:
+                    store.record("kv_cache_usage", "llama", now, (tick % 100) / 100)
+                if tick % 240 == 0:
+                    store.add_event(Event(now, "engine_start", "llama", generation=tick // 240))
+
+        run(0, 4 * 3600)  # the first hour fills every ring and the event log
+        size_after_hour = store.nbytes()
+        tracemalloc.start()
+        try:
+            before, _ = tracemalloc.get_traced_memory()
+            run(4 * 3600, 4 * 86400)
+            after, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert store.nbytes() == size_after_hour
+        assert after - before < 64 * 1024  # no growth beyond allocator noise

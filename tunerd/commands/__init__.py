@@ -1,0 +1,1 @@
+"""One module per ``tunerd`` subcommand: ``register(subparsers)`` and ``run(args)``."""

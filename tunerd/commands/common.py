@@ -1,0 +1,72 @@
+"""What every subcommand shares: exit codes, one-line errors, argument types."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+from tunerd.units import UnitError, parse_size, parse_token_count
+
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_NO",
+    "EXIT_OK",
+    "Parser",
+    "UsageError",
+    "positive_int",
+    "size",
+    "token_count",
+    "utilization",
+]
+
+EXIT_OK = 0
+EXIT_NO = 1
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """Bad input detected after parsing; reported as one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (``PROG: error: MESSAGE``) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value}")
+    return value
+
+
+def token_count(text: str) -> int:
+    try:
+        return parse_token_count(text)
+    except UnitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def size(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except UnitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"invalid size '{text}': must be more than zero")
+    return value
+
+
+def utilization(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.92, got '{text}'") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value

@@ -1,0 +1,278 @@
+"""``tunerd inspect metrics|log|gpu``: what tunerd sees, for debugging a box by hand.
+
+Each prints the normalized object (``--json``, DESIGN §4.3/§4.4) or a short human summary.
+Exit status: 0 read fine; 1 read but unusable (junk on a metrics page, an unreachable URL,
+no GPU or driver); 2 bad input (a missing file, a bad flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
+from tunerd.sources.engine_log import LogDiagnosis, diagnose
+from tunerd.sources.gpu import GpuReading, GpuSource, GpuUnavailable, NoGpuSource, require_gpus
+from tunerd.sources.nvml import NvmlSource
+from tunerd.sources.sim_gpu import SimGpuSource
+from tunerd.sources.smi import SmiSource
+from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse
+from tunerd.units import format_size
+
+__all__ = ["register"]
+
+GPU_SOURCES = ("nvml", "nvidia-smi", "sim", "none")
+
+_EPILOG = """\
+examples:
+  tunerd inspect metrics http://127.0.0.1:8000 --json     # a live engine (adds /metrics)
+  tunerd inspect metrics saved-page.txt                   # a saved page
+  tunerd inspect log /var/log/vllm.log --json             # start-up figures and the crash
+  journalctl -u vllm -o cat | tunerd inspect log -        # from a pipe
+  tunerd inspect gpu --source nvidia-smi
+  tunerd inspect gpu --source sim --url http://127.0.0.1:8000 --json
+
+exit status: 0 read fine, 1 read but unusable (junk, unreachable, no GPU), 2 bad input.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="show what tunerd reads: a /metrics page, an engine log, the GPUs",
+        description="Read one source the way the daemon does and print what it makes of it.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(handler=lambda _args: _missing_target(parser), prog=parser.prog)
+    targets = parser.add_subparsers(title="what", dest="target", metavar="WHAT", parser_class=Parser)
+
+    metrics = targets.add_parser(
+        "metrics",
+        help="parse a vLLM /metrics page (file or URL) into the normalized snapshot",
+        description="Parse one vLLM /metrics page (vLLM 0.33 and older) into DESIGN §4.3's snapshot.",
+    )
+    metrics.add_argument(
+        "source", metavar="SRC", help="a file, '-' for stdin, or http(s)://HOST:PORT[/metrics]"
+    )
+    metrics.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="for a URL: give up after this long (default 5)",
+    )
+    metrics.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    metrics.set_defaults(handler=_run_metrics, prog=metrics.prog)
+
+    log = targets.add_parser(
+        "log",
+        help="parse a vLLM log into start-up figures and a crash diagnosis",
+        description="Read a vLLM log (file or '-') for its start-up memory figures and why it died.",
+    )
+    log.add_argument("source", metavar="SRC", help="a log file, or '-' for stdin")
+    log.add_argument(
+        "--exit-code",
+        type=int,
+        metavar="N",
+        help="the engine's exit status, if known: a non-zero exit nothing explains is 'unknown'",
+    )
+    log.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    log.set_defaults(handler=_run_log, prog=log.prog)
+
+    gpu = targets.add_parser(
+        "gpu",
+        help="take one GPU sample through a chosen backend",
+        description="Take one sample of every GPU through NVML, nvidia-smi or the simulator.",
+    )
+    gpu.add_argument("--source", choices=GPU_SOURCES, default="nvml", help="the backend (default nvml)")
+    gpu.add_argument("--url", metavar="URL", help="the simulator's base URL (with --source sim)")
+    gpu.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    gpu.add_argument(
+        "--timeout",
+        type=positive_int,
+        default=5,
+        metavar="SECONDS",
+        help="nvidia-smi and sim: give up after this long (default 5)",
+    )
+    gpu.set_defaults(handler=_run_gpu, prog=gpu.prog)
+
+
+def _missing_target(parser: Parser) -> int:
+    parser.error("say what to inspect: metrics, log or gpu")
+
+
+def _read_text(source: str) -> str:
+    if source == "-":
+        return sys.stdin.read()
+    path = Path(source)
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise UsageError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{source}: is a directory") from None
+    except OSError as error:
+        raise UsageError(f"{source}: cannot read: {error.strerror}") from None
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+
+def _run_metrics(args: argparse.Namespace) -> int:
+    source: str = args.source
+    if source.startswith(("http://", "https://")):
+        base = source.removesuffix("/").removesuffix("/metrics")
+        client = MetricsClient(base, timeout=args.timeout)
+        try:
+            text = client.fetch()
+        except ScrapeError as error:
+            print(f"{args.prog}: {error}", file=sys.stderr)
+            return EXIT_NO
+        finally:
+            client.close()
+    else:
+        text = _read_text(source)
+    snapshot = parse(text)
+    if args.json:
+        _print_json(snapshot.to_dict())
+    else:
+        sys.stdout.write(_metrics_text(snapshot))
+    for problem in snapshot.problems:
+        print(f"{args.prog}: {problem}", file=sys.stderr)
+    return EXIT_OK if snapshot.ok else EXIT_NO
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _metrics_text(snapshot: MetricsSnapshot) -> str:
+    rows = [
+        ("model", snapshot.model_name),
+        ("engines", snapshot.engine_count),
+        ("KV cache usage", f"{snapshot.kv_cache_usage:.1%}" if snapshot.kv_cache_usage is not None else None),
+        ("KV capacity (tokens)", snapshot.kv_cache_size_tokens),
+        ("running", snapshot.num_requests_running),
+        ("waiting", snapshot.num_requests_waiting),
+        ("waiting for capacity", snapshot.num_requests_waiting_capacity),
+        ("preemptions (total)", snapshot.num_preemptions_total),
+        ("prompt tokens (total)", snapshot.prompt_tokens_total),
+        ("generation tokens (total)", snapshot.generation_tokens_total),
+        ("gpu_memory_utilization", snapshot.gpu_memory_utilization),
+        ("cache dtype", snapshot.cache_dtype),
+        ("blocks × block size", f"{_show(snapshot.num_gpu_blocks)} × {_show(snapshot.block_size)}"),
+    ]
+    lines = [f"  {name:<27}{_show(value)}" for name, value in rows]
+    if snapshot.engine_count > 1:
+        lines.append("  per engine:")
+        for engine in snapshot.engines:
+            lines.append(
+                f"    engine {engine.engine}: usage {_show(engine.kv_cache_usage)}, running "
+                f"{_show(engine.num_requests_running)}, waiting {_show(engine.num_requests_waiting)}, "
+                f"capacity {_show(engine.kv_cache_size_tokens)} tokens"
+            )
+    return "\n".join(lines) + "\n"
+
+
+# -- log ------------------------------------------------------------------------------------
+
+
+def _run_log(args: argparse.Namespace) -> int:
+    text = _read_text(args.source)
+    result = diagnose(text.splitlines(), exit_code=args.exit_code)
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        sys.stdout.write(_log_text(result))
+    return EXIT_OK
+
+
+def _log_text(result: LogDiagnosis) -> str:
+    lines = [
+        f"  model loading          {_show(result.model_loading_gib)} GiB",
+        f"  available KV memory    {_show(result.available_kv_cache_gib)} GiB",
+        f"  KV cache size          {_show(result.kv_cache_size_tokens)} tokens",
+        f"  max concurrency        {_show(result.max_concurrency)}x at {_show(result.max_model_len)} tokens",
+        f"  server came up         {'yes' if result.ready else 'no'}",
+        f"  shutdown requested     {'yes' if result.shutdown_requested else 'no'}",
+    ]
+    crash = result.crash
+    if crash is None:
+        lines.append("  crash                  none")
+    else:
+        lines.append(f"  crash                  {crash.kind} ({crash.phase})")
+        lines.append(f"    {crash.message}")
+        if crash.estimated_max_model_len is not None:
+            lines.append(f"    vLLM estimates the maximum model length at {crash.estimated_max_model_len:,}")
+        if crash.tried_to_allocate_bytes is not None:
+            lines.append(f"    tried to allocate {format_size(crash.tried_to_allocate_bytes)}")
+        for pid, used in crash.other_processes:
+            lines.append(f"    process {pid} held {format_size(used)}")
+    return "\n".join(lines) + "\n"
+
+
+# -- gpu ------------------------------------------------------------------------------------
+
+
+def _gpu_source(args: argparse.Namespace) -> GpuSource:
+    if args.source == "sim":
+        if not args.url:
+            raise UsageError("--source sim needs --url (the simulator's base URL)")
+        return SimGpuSource(args.url, timeout=float(args.timeout))
+    if args.url:
+        raise UsageError("--url is only for --source sim")
+    if args.source == "nvidia-smi":
+        return SmiSource(timeout=float(args.timeout))
+    if args.source == "none":
+        return NoGpuSource()
+    return NvmlSource(watch_xid=False)
+
+
+def _run_gpu(args: argparse.Namespace) -> int:
+    source = _gpu_source(args)
+    try:
+        reading = source.sample()
+    finally:
+        source.close()
+    try:
+        require_gpus(reading)
+    except GpuUnavailable as error:
+        print(f"{args.prog}: {error}", file=sys.stderr)
+        return EXIT_NO
+    if args.json:
+        _print_json(reading.to_dict())
+    else:
+        sys.stdout.write(_gpu_text(reading))
+    return EXIT_OK
+
+
+def _gpu_text(reading: GpuReading) -> str:
+    lines = []
+    for gpu in reading.gpus:
+        used = format_size(gpu.memory_used_bytes) if gpu.memory_used_bytes is not None else "-"
+        total = format_size(gpu.memory_total_bytes) if gpu.memory_total_bytes is not None else "-"
+        free = format_size(gpu.memory_free_bytes) if gpu.memory_free_bytes is not None else "-"
+        utilization = f"{gpu.utilization_ratio:.0%}" if gpu.utilization_ratio is not None else "-"
+        lines.append(f"GPU {gpu.index} {gpu.name or '?'} {gpu.uuid or ''}".rstrip())
+        if gpu.status != "ok":
+            lines.append(f"  {gpu.status}: {gpu.error}")
+            continue
+        lines.append(f"  used {used} of {total}, free {free}, busy {utilization}")
+        for process in gpu.processes:
+            size = format_size(process.used_bytes) if process.used_bytes is not None else "-"
+            lines.append(f"  pid {process.pid:<8} {size:>11}  {process.name or '?'}")
+    return "\n".join(lines) + "\n"

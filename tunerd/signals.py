@@ -1,0 +1,123 @@
+"""Signal names (DESIGN §4.7) and the engine-memory signals derived from a GPU sample. Pure.
+
+One name per quantity, the same in policies, tests, status and tunerd's own metrics; every
+name is documented in ``docs/signals.md``. Units are in the names (``_bytes``, ``_ratio``,
+``_total``); absent readings are ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tunerd.sources.gpu import GpuSample
+
+__all__ = [
+    "ENGINE_MEMORY_SIGNALS",
+    "ENGINE_METRIC_SIGNALS",
+    "GPU_SIGNALS",
+    "SIGNALS",
+    "EngineMemory",
+    "engine_gpus",
+    "engine_memory",
+    "gpu_signals",
+]
+
+#: Per GPU; an engine sees the GPUs it runs on and takes the worst.
+GPU_SIGNALS = (
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_memory_free_bytes",
+    "gpu_memory_used_ratio",
+    "gpu_utilization_ratio",
+)
+#: Derived from the GPU sample and the engine's PIDs.
+ENGINE_MEMORY_SIGNALS = (
+    "engine_memory_bytes",
+    "engine_over_budget_bytes",
+    "other_processes_memory_bytes",
+)
+#: From vLLM's /metrics (DESIGN §4.3 names), plus whether the engine answers at all.
+ENGINE_METRIC_SIGNALS = (
+    "kv_cache_usage",
+    "num_requests_running",
+    "num_requests_waiting",
+    "num_requests_waiting_capacity",
+    "num_preemptions_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "engine_up",
+)
+SIGNALS = frozenset(GPU_SIGNALS + ENGINE_MEMORY_SIGNALS + ENGINE_METRIC_SIGNALS)
+
+
+def gpu_signals(sample: GpuSample) -> dict[str, float | None]:
+    """The per-GPU signals of one sample (used ratio only when both numbers are known)."""
+    used, total = sample.memory_used_bytes, sample.memory_total_bytes
+    return {
+        "gpu_memory_used_bytes": used,
+        "gpu_memory_total_bytes": total,
+        "gpu_memory_free_bytes": sample.memory_free_bytes,
+        "gpu_memory_used_ratio": used / total if used is not None and total else None,
+        "gpu_utilization_ratio": sample.utilization_ratio,
+    }
+
+
+def engine_gpus(gpus: Iterable[GpuSample], selectors: Sequence[int | str]) -> list[GpuSample]:
+    """The GPUs an engine runs on, by index or UUID (``GPU-…``); an empty selector is all."""
+    gpus = list(gpus)
+    if not selectors:
+        return gpus
+    wanted_indexes = {s for s in selectors if isinstance(s, int)}
+    wanted_uuids = {s for s in selectors if isinstance(s, str)}
+    return [g for g in gpus if g.index in wanted_indexes or (g.uuid is not None and g.uuid in wanted_uuids)]
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """The engine's memory on its worst GPU, and what else lives there."""
+
+    engine_memory_bytes: int | None
+    engine_over_budget_bytes: int | None
+    other_processes_memory_bytes: int | None
+    gpu_index: int | None  # the GPU these numbers come from
+
+    def as_signals(self) -> dict[str, float | None]:
+        return {
+            "engine_memory_bytes": self.engine_memory_bytes,
+            "engine_over_budget_bytes": self.engine_over_budget_bytes,
+            "other_processes_memory_bytes": self.other_processes_memory_bytes,
+        }
+
+
+def engine_memory(
+    gpus: Iterable[GpuSample], engine_pids: Iterable[int], gpu_memory_utilization: float | None
+) -> EngineMemory:
+    """Engine memory per DESIGN §4.7 on the engine's GPUs, taking the worst one.
+
+    ``engine_memory_bytes`` sums the engine's processes on a GPU, ``other_processes`` the rest
+    of the listed processes; ``engine_over_budget_bytes = engine − ceil(utilization × total)``
+    (vLLM's own budget arithmetic). The worst GPU is the one most over budget (or, without a
+    budget, the one where the engine uses most). A process whose usage the driver does not
+    report makes the sum unknown (``None``), never smaller.
+    """
+    pids = set(engine_pids)
+    worst: EngineMemory | None = None
+    worst_key = -math.inf
+    for gpu in gpus:
+        mine: int | None = 0
+        others: int | None = 0
+        for process in gpu.processes:
+            if process.pid in pids:
+                mine = None if mine is None or process.used_bytes is None else mine + process.used_bytes
+            else:
+                others = None if others is None or process.used_bytes is None else others + process.used_bytes
+        over = None
+        if mine is not None and gpu.memory_total_bytes and gpu_memory_utilization is not None:
+            over = mine - math.ceil(gpu.memory_total_bytes * gpu_memory_utilization)
+        candidate = EngineMemory(mine, over, others, gpu.index)
+        key = over if over is not None else (mine if mine is not None else -math.inf)
+        if worst is None or key > worst_key:
+            worst, worst_key = candidate, key
+    return worst or EngineMemory(None, None, None, None)

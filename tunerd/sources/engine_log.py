@@ -1,0 +1,477 @@
+"""The engine's log: start-up figures and crash diagnosis (DESIGN §4.4), and how to follow it.
+
+:class:`LogDiagnoser` is fed lines (pure: no clock, no I/O) and knows, at any point, what
+vLLM said about its memory at start-up and whether — and why — it died:
+
+- start-up figures: ``Model loading took X GiB`` (V0: ``Loading model weights took X GB``),
+  ``Available KV cache memory: X GiB`` (or the ``kv_cache_memory_bytes`` variant),
+  ``GPU KV cache size: N tokens`` and ``Maximum concurrency for L tokens per request: X.XXx``
+  on one line or two, or V0's ``# GPU blocks: N`` (16-token blocks);
+- a crash ``kind`` (``cuda_oom``, ``no_kv_cache_memory``, ``max_model_len_exceeds_kv``,
+  ``insufficient_free_memory``, ``invalid_config``, ``gpu_lost``, ``engine_dead``,
+  ``unknown``), its ``phase`` (before or after the server was up), the root-cause line, the
+  estimated maximum model length vLLM suggests, the size of a failed CUDA allocation and the
+  other processes an OOM text names;
+- a shutdown that was asked for (SIGTERM/SIGINT) and the errors that follow it are not a crash.
+
+ANSI colours are stripped; ``(EngineCore_DP0 pid=N)`` prefixes and timestamps are tolerated
+(patterns search inside the line). A line announcing a new server start begins a new run.
+
+The followers feed it from a growing (and rotating) file, a pipe, or
+``journalctl -u UNIT -f -o cat``; :class:`LogTail` keeps a bounded tail for alerts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "CRASH_KINDS",
+    "Crash",
+    "FileFollower",
+    "JournalFollower",
+    "LogDiagnoser",
+    "LogDiagnosis",
+    "LogTail",
+    "PipeReader",
+    "diagnose",
+    "strip_ansi",
+]
+
+CRASH_KINDS = (
+    "cuda_oom",
+    "no_kv_cache_memory",
+    "max_model_len_exceeds_kv",
+    "insufficient_free_memory",
+    "invalid_config",
+    "gpu_lost",
+    "engine_dead",
+    "unknown",
+)
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_UNITS = {"bytes": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
+
+# Start-up figures.
+_MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) ?GiB|Loading model weights took ([\d.]+) ?GB")
+_AVAILABLE_KV = re.compile(
+    r"Available KV cache memory: ([\d.]+) ?GiB"
+    r"|reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes"
+)
+_KV_SIZE = re.compile(r"\b(?:GPU|CPU|XPU|TPU|\w+) KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)")
+_V0_BLOCK_SIZE = 16
+
+# A new server process starting (a log file keeps several runs).
+_RUN_START = re.compile(r"vLLM API server version|\bnon-default args:")
+# The server is up: failures after this are runtime failures.
+_READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvicorn running on")
+# A shutdown someone asked for.
+_REQUESTED_SHUTDOWN = re.compile(
+    r"\[shutdown\][^\n]*\b(?:signal|SIGTERM|SIGINT)\b"
+    r"|Received signal (?:15|2|SIGTERM|SIGINT)|received SIG(?:TERM|INT)"
+    r"|Shutting down\b(?! due)|KeyboardInterrupt"
+)
+
+# Crash evidence, most specific first. Each: kind, pattern, phase it implies (or None).
+_RULES: tuple[tuple[str, re.Pattern[str], str | None], ...] = (
+    ("cuda_oom", re.compile(r"Failed to load model - not enough GPU memory"), "startup"),
+    ("cuda_oom", re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"), None),
+    ("no_kv_cache_memory", re.compile(r"No available memory for the cache blocks"), "startup"),
+    (
+        "max_model_len_exceeds_kv",
+        re.compile(
+            r"To serve at least one request with the models?'s? max seq len"
+            r"|larger than the maximum number of tokens that can be stored in KV cache"
+        ),
+        "startup",
+    ),
+    (
+        "insufficient_free_memory",
+        re.compile(
+            r"(?:Free|Available) memory on (?:device|node)[^\n]*less than desired \w+ memory utilization"
+        ),
+        "startup",
+    ),
+    (
+        "invalid_config",
+        re.compile(
+            r"error: unrecognized arguments:|error: argument [-\w]+|ValidationError|"
+            r"is greater than the derived max_model_len|invalid choice:"
+        ),
+        "startup",
+    ),
+    ("gpu_lost", re.compile(r"GPU is lost|fallen off the bus|Xid[^\n]*\b79\b|GpuIsLost"), None),
+)
+_ENGINE_DEAD = re.compile(
+    r"EngineDeadError|EngineCore encountered a fatal error|engine core exited unexpectedly"
+    r"|Engine core proc \S+ died unexpectedly|MQLLMEngine is already dead"
+    r"|Engine core initialization failed|EngineCore failed to start"
+)
+# Evidence of when it died, wherever it appears in the run.
+_STARTUP_EVIDENCE = re.compile(
+    r"Engine core initialization failed|EngineCore failed to start|Failed to load model"
+)
+_RUNTIME_EVIDENCE = re.compile(
+    r"EngineDeadError|EngineCore encountered a fatal error|engine core exited unexpectedly"
+    r"|died unexpectedly|MQLLMEngine is already dead"
+)
+
+_TRIED = re.compile(r"Tried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
+_PROCESS_HAS = re.compile(r"Process (\d+) has ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB) memory in use")
+_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
+_V0_KV_TOKENS = re.compile(r"maximum number of tokens that can be stored in KV cache \((\d+)\)")
+# Lines after the root cause that may still carry its details (torch wraps long OOM texts).
+_DETAIL_LINES = 6
+
+
+def strip_ansi(line: str) -> str:
+    return _ANSI.sub("", line)
+
+
+def _bytes(number: str, unit: str) -> int:
+    return round(float(number) * _UNITS[unit])
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+@dataclass(frozen=True)
+class Crash:
+    kind: str
+    phase: str  # startup | runtime
+    message: str
+    estimated_max_model_len: int | None = None
+    tried_to_allocate_bytes: int | None = None
+    other_processes: tuple[tuple[int, int], ...] = ()  # (pid, bytes) named in an OOM text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "phase": self.phase,
+            "message": self.message,
+            "estimated_max_model_len": self.estimated_max_model_len,
+            "tried_to_allocate_bytes": self.tried_to_allocate_bytes,
+            "other_processes": [{"pid": pid, "bytes": size} for pid, size in self.other_processes],
+        }
+
+
+@dataclass(frozen=True)
+class LogDiagnosis:
+    """What a log says: DESIGN §4.4's fields and a few more."""
+
+    model_loading_gib: float | None = None
+    available_kv_cache_gib: float | None = None
+    kv_cache_size_tokens: int | None = None
+    max_concurrency: float | None = None
+    crash: Crash | None = None
+    max_model_len: int | None = None  # from the "Maximum concurrency for L tokens" line
+    ready: bool = False
+    shutdown_requested: bool = False
+    lines: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_loading_gib": self.model_loading_gib,
+            "available_kv_cache_gib": self.available_kv_cache_gib,
+            "kv_cache_size_tokens": self.kv_cache_size_tokens,
+            "max_concurrency": self.max_concurrency,
+            "crash": self.crash.to_dict() if self.crash else None,
+            "max_model_len": self.max_model_len,
+            "ready": self.ready,
+            "shutdown_requested": self.shutdown_requested,
+            "lines": self.lines,
+        }
+
+
+@dataclass
+class _Cause:
+    kind: str
+    phase: str | None  # fixed by the kind, or decided from the evidence at the end
+    message: str
+    ready: bool  # the server was up when this line came
+    details: list[str] = field(default_factory=list)
+
+
+class LogDiagnoser:
+    """Feed it lines as they come; :meth:`result` is the diagnosis so far."""
+
+    def __init__(self) -> None:
+        self._reset()
+        self.lines = 0
+
+    def _reset(self) -> None:
+        self._loading: float | None = None
+        self._available: float | None = None
+        self._kv_tokens: int | None = None
+        self._gpu_blocks: int | None = None
+        self._concurrency: float | None = None
+        self._model_len: int | None = None
+        self._ready = False
+        self._startup_evidence = False
+        self._runtime_evidence = False
+        self._shutdown = False
+        self._cause: _Cause | None = None
+        self._dead: _Cause | None = None
+        self._pending_details = 0
+
+    def feed_many(self, lines: Iterable[str]) -> LogDiagnoser:
+        for line in lines:
+            self.feed(line)
+        return self
+
+    def feed(self, raw: str) -> None:
+        self.lines += 1
+        line = strip_ansi(raw).rstrip("\r\n")
+        if _RUN_START.search(line) and (self._ready or self._cause or self._dead or self._shutdown):
+            self._reset()  # the file holds a new run of the server
+        if self._pending_details and self._cause is not None:
+            self._cause.details.append(line)
+            self._pending_details -= 1
+        self._figures(line)
+        if _READY.search(line):
+            self._ready = True
+        if self._shutdown:
+            return  # what follows a requested shutdown is not a crash
+        if _REQUESTED_SHUTDOWN.search(line) and self._cause is None:
+            self._shutdown = True
+            return
+        if _STARTUP_EVIDENCE.search(line):
+            self._startup_evidence = True
+        if _RUNTIME_EVIDENCE.search(line):
+            self._runtime_evidence = True
+        if self._cause is None:
+            for kind, pattern, phase in _RULES:
+                if pattern.search(line):
+                    self._cause = _Cause(kind, phase, line.strip(), self._ready)
+                    self._pending_details = _DETAIL_LINES
+                    return
+        if self._dead is None and _ENGINE_DEAD.search(line):
+            self._dead = _Cause("engine_dead", None, line.strip(), self._ready)
+
+    def _phase(self, cause: _Cause | None) -> str:
+        """``startup`` or ``runtime``: fixed by the kind where it can only be one, else the
+        server being up, else what the rest of the run says (an ``EngineDeadError`` is only
+        raised once serving; ``EngineCore failed to start`` only before)."""
+        if cause is not None and cause.phase is not None:
+            return cause.phase
+        if self._startup_evidence:
+            return "startup"
+        if (cause.ready if cause is not None else self._ready) or self._runtime_evidence:
+            return "runtime"
+        return "startup"
+
+    def _figures(self, line: str) -> None:
+        if (match := _MODEL_LOADING.search(line)) is not None:
+            self._loading = float(match.group(1) or match.group(2))
+        if (match := _AVAILABLE_KV.search(line)) is not None:
+            self._available = float(match.group(1) or match.group(2))
+        if (match := _KV_SIZE.search(line)) is not None:
+            self._kv_tokens = _int(match.group(1))
+        if (match := _CONCURRENCY.search(line)) is not None:
+            self._model_len = _int(match.group(1))
+            self._concurrency = float(match.group(2))
+        if (match := _GPU_BLOCKS.search(line)) is not None:
+            self._gpu_blocks = int(match.group(1))
+
+    def result(self, exit_code: int | None = None) -> LogDiagnosis:
+        """The diagnosis; with ``exit_code`` a non-zero exit nothing explains is ``unknown``."""
+        crash = self._crash(exit_code)
+        tokens = self._kv_tokens
+        if tokens is None and self._gpu_blocks is not None:
+            tokens = self._gpu_blocks * _V0_BLOCK_SIZE
+        return LogDiagnosis(
+            model_loading_gib=self._loading,
+            available_kv_cache_gib=self._available,
+            kv_cache_size_tokens=tokens,
+            max_concurrency=self._concurrency,
+            crash=crash,
+            max_model_len=self._model_len,
+            ready=self._ready,
+            shutdown_requested=self._shutdown,
+            lines=self.lines,
+        )
+
+    def _crash(self, exit_code: int | None) -> Crash | None:
+        cause = self._cause or self._dead
+        if cause is None:
+            if exit_code not in (None, 0) and not self._shutdown and exit_code not in (-15, 143, -2, 130):
+                return Crash(
+                    "unknown", self._phase(None), f"exited with status {exit_code}, nothing recognised"
+                )
+            return None
+        text = "\n".join([cause.message, *cause.details])
+        estimated = _ESTIMATED_LEN.search(text) or _V0_KV_TOKENS.search(text)
+        tried = _TRIED.search(text)
+        others = tuple((int(pid), _bytes(number, unit)) for pid, number, unit in _PROCESS_HAS.findall(text))
+        return Crash(
+            kind=cause.kind,
+            phase=self._phase(cause),
+            message=cause.message,
+            estimated_max_model_len=int(estimated.group(1)) if estimated else None,
+            tried_to_allocate_bytes=_bytes(*tried.groups()) if tried else None,
+            other_processes=others,
+        )
+
+
+def diagnose(lines: Iterable[str], exit_code: int | None = None) -> LogDiagnosis:
+    """Diagnose a whole log (the last run in it)."""
+    return LogDiagnoser().feed_many(lines).result(exit_code)
+
+
+# ---------------------------------------------------------------------------------------------
+# Following a log
+
+
+class LogTail:
+    """The last ``size`` lines, for alerts and crash evidence; fixed memory."""
+
+    def __init__(self, size: int = 200) -> None:
+        self._lines: deque[str] = deque(maxlen=size)
+
+    def extend(self, lines: Iterable[str]) -> None:
+        self._lines.extend(strip_ansi(line).rstrip("\r\n") for line in lines)
+
+    def lines(self) -> list[str]:
+        return list(self._lines)
+
+
+class FileFollower:
+    """Reads what was appended to a file since the last call; survives truncation and
+    rotation (a new inode at the path is read from its start). Non-blocking.
+
+    Like ``tail -F``: a file that exists when the follower is made is followed from its end
+    (``from_start`` reads it whole); one that appears later is read from its start.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], from_start: bool = False, max_read: int = 1 << 20
+    ) -> None:
+        self._path = Path(path)
+        self._max_read = max_read
+        self._file: IO[bytes] | None = None
+        self._inode: int | None = None
+        self._partial = b""
+        handle = self._open()
+        if handle is not None and not from_start:
+            handle.seek(0, os.SEEK_END)
+
+    def _open(self) -> IO[bytes] | None:
+        try:
+            handle = self._path.open("rb")
+        except FileNotFoundError:
+            return None
+        self._file, self._inode = handle, os.fstat(handle.fileno()).st_ino
+        return handle
+
+    def read_lines(self) -> list[str]:
+        if self._file is None and self._open() is None:
+            return []
+        assert self._file is not None
+        lines = self._drain()
+        try:
+            stat = self._path.stat()
+        except FileNotFoundError:
+            return lines  # rotated away and not yet recreated: keep reading the old one
+        if stat.st_ino != self._inode:
+            self._file.close()
+            self._file = None
+            self._partial = b""
+            if self._open() is not None:
+                lines += self._drain()
+        elif stat.st_size < self._file.tell():  # truncated in place (copytruncate)
+            self._file.seek(0)
+            self._partial = b""
+            lines += self._drain()
+        return lines
+
+    def _drain(self) -> list[str]:
+        assert self._file is not None
+        data = self._partial + self._file.read(self._max_read)
+        *complete, self._partial = data.split(b"\n")
+        return [line.decode("utf-8", "replace") for line in complete]
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class PipeReader:
+    """Reads lines from a pipe in one background thread; :meth:`read_lines` never blocks.
+
+    At most ``max_lines`` are kept between reads (the oldest are dropped and counted), so a
+    flood cannot grow memory.
+    """
+
+    def __init__(self, stream: IO[bytes], max_lines: int = 10_000) -> None:
+        self._stream = stream
+        self._lines: deque[str] = deque(maxlen=max_lines)
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self.closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tunerd-log-pipe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for raw in iter(self._stream.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                with self._lock:
+                    if len(self._lines) == self._lines.maxlen:
+                        self.dropped += 1
+                    self._lines.append(line)
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.closed.set()
+
+    def read_lines(self) -> list[str]:
+        with self._lock:
+            lines = list(self._lines)
+            self._lines.clear()
+        return lines
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stream.close()
+
+
+class JournalFollower:
+    """``journalctl -u UNIT -f -o cat -n 0`` (argv, no shell), read through a :class:`PipeReader`."""
+
+    def __init__(self, unit: str, journalctl: str = "journalctl", extra: Sequence[str] = ()) -> None:
+        self.argv = [journalctl, "-u", unit, "-f", "-o", "cat", "-n", "0", *extra]
+        self._process = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        )
+        assert self._process.stdout is not None
+        self._reader = PipeReader(self._process.stdout)
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def read_lines(self) -> list[str]:
+        return self._reader.read_lines()
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._reader.close()

@@ -1,0 +1,357 @@
+"""GPU memory through NVML (``nvidia-ml-py``, module ``pynvml``): the only file importing it.
+
+Every NVML call goes through :meth:`NvmlSource._query`, which turns ``NVMLError`` subclasses
+into a status (``not_supported``, ``no_permission``, ``gpu_lost``, ``driver_gone``,
+``error``) and the reading into ``None``: a GPU that falls off the bus is an event, not a
+crash. NVML is initialised once, on first use, and re-initialised on the poll after a lost
+GPU or an unloaded driver. Memory info v2 (which separates driver-reserved memory) is probed
+once per process and the choice is reported in ``GpuReading.details``. XID critical errors
+are read by one background thread (NVML's event sets are not thread safe, so nothing else
+touches that set). MIG-enabled GPUs are refused per GPU with a clear message: their memory
+belongs to GPU instances that tunerd does not read yet.
+
+Checked against nvidia-ml-py 13.615.71 (function names, signatures, struct fields, error
+classes); ``tests/fakes/nvml.py`` mirrors exactly the part used here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pynvml  # the one import of NVML in tunerd
+
+from tunerd.sources.gpu import (
+    DRIVER_GONE,
+    ERROR,
+    LIBRARY_MISSING,
+    NO_GPU,
+    OK,
+    GpuEvent,
+    GpuProcess,
+    GpuReading,
+    GpuSample,
+)
+
+__all__ = ["NvmlSource", "XidWatcher"]
+
+GPU_LOST = "gpu_lost"
+NOT_SUPPORTED = "not_supported"
+NO_PERMISSION = "no_permission"
+_MIG = "mig"
+
+# NVMLError subclass name (without the prefix) → status. Anything else is "error".
+_ERROR_STATUS = {
+    "NotSupported": NOT_SUPPORTED,
+    "FunctionNotFound": NOT_SUPPORTED,
+    "ArgumentVersionMismatch": NOT_SUPPORTED,
+    "NoPermission": NO_PERMISSION,
+    "GpuIsLost": GPU_LOST,
+    "ResetRequired": GPU_LOST,
+    "GpuNotFound": GPU_LOST,
+    "DriverNotLoaded": DRIVER_GONE,
+    "Uninitialized": DRIVER_GONE,
+    "LibraryNotFound": LIBRARY_MISSING,
+}
+
+
+@dataclass(frozen=True)
+class _Result:
+    value: Any
+    status: str
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+class NvmlSource:
+    """Poll every GPU through NVML. ``nvml`` is the ``pynvml`` module (or a faithful fake)."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any | None = None, *, watch_xid: bool = True) -> None:
+        self._nvml = nvml if nvml is not None else pynvml
+        self._watch_xid = watch_xid
+        self._initialized = False
+        self._memory_version: str | None = None  # "v2" or "v1", probed once
+        self._lost: set[int] = set()  # indexes of GPUs last seen lost
+        self._process_names: dict[int, str | None] = {}
+        self._missing: set[str] = set()  # functions reported unsupported, to say so once
+        self._xid: XidWatcher | None = None
+        self._lock = threading.Lock()
+
+    # -- the one door -------------------------------------------------------------------
+    def _status_of(self, error: BaseException) -> str:
+        name = type(error).__name__.removeprefix("NVMLError_")
+        return _ERROR_STATUS.get(name, ERROR)
+
+    def _query(self, function: str, *args: Any, **kwargs: Any) -> _Result:
+        nvml = self._module()
+        try:
+            return _Result(getattr(nvml, function)(*args, **kwargs), OK)
+        except nvml.NVMLError as error:
+            status = self._status_of(error)
+            if status == NOT_SUPPORTED:
+                self._missing.add(function)
+            return _Result(None, status, f"{function}: {error}")
+
+    def _module(self) -> Any:
+        return self._nvml
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def _ensure_init(self) -> _Result:
+        if self._initialized:
+            return _Result(None, OK)
+        result = self._query("nvmlInit")
+        if result.ok:
+            self._initialized = True
+            return result
+        if result.status == LIBRARY_MISSING:
+            return _Result(
+                None, LIBRARY_MISSING, "NVML library not found (libnvidia-ml.so.1): no NVIDIA driver"
+            )
+        if result.status == DRIVER_GONE:
+            return _Result(None, DRIVER_GONE, "NVIDIA driver not loaded (NVML: DriverNotLoaded)")
+        return _Result(None, result.status, f"NVML failed to initialise: {result.message}")
+
+    def _reset(self) -> None:
+        """Forget the NVML session so that the next poll initialises it again."""
+        if self._xid is not None:
+            self._xid.stop()
+            self._xid = None
+        if self._initialized:
+            self._query("nvmlShutdown")
+        self._initialized = False
+
+    def close(self) -> None:
+        self._reset()
+
+    # -- polling ------------------------------------------------------------------------
+    def sample(self) -> GpuReading:
+        with self._lock:
+            return self._sample()
+
+    def _sample(self) -> GpuReading:
+        init = self._ensure_init()
+        if not init.ok:
+            return GpuReading(source=self.name, status=init.status, error=init.message)
+        count = self._query("nvmlDeviceGetCount")
+        if not count.ok:
+            self._reset()
+            status = ERROR if count.status == ERROR else DRIVER_GONE
+            return GpuReading(source=self.name, status=status, error=count.message)
+        if count.value == 0:
+            return GpuReading(source=self.name, status=NO_GPU, error="NVML sees no GPU")
+        samples: list[GpuSample] = []
+        events: list[GpuEvent] = []
+        handles: list[tuple[Any, str | None]] = []
+        for index in range(count.value):
+            sample, handle = self._sample_device(index)
+            samples.append(sample)
+            handles.append((handle, sample.uuid))
+            if sample.status == GPU_LOST and index not in self._lost:
+                self._lost.add(index)
+                events.append(GpuEvent("gpu_lost", sample.uuid, index, message=sample.error or ""))
+            elif sample.status != GPU_LOST and index in self._lost:
+                self._lost.discard(index)
+                events.append(GpuEvent("gpu_recovered", sample.uuid, index))
+        if any(sample.status == DRIVER_GONE for sample in samples):
+            self._reset()
+            return GpuReading(
+                source=self.name,
+                status=DRIVER_GONE,
+                gpus=tuple(samples),
+                error="NVIDIA driver went away while reading",
+                events=tuple(events),
+            )
+        if any(sample.status == GPU_LOST for sample in samples):
+            self._reset()  # NVML wants a fresh session after a lost GPU
+        elif self._watch_xid and self._xid is None:
+            self._xid = XidWatcher.start(self._module(), handles, self._query)
+        if self._xid is not None:
+            events.extend(self._xid.drain())
+        details = {"memory_info": self._memory_version or "unknown"}
+        if self._missing:
+            details["unsupported"] = ", ".join(sorted(self._missing))
+        return GpuReading(
+            source=self.name, status=OK, gpus=tuple(samples), events=tuple(events), details=details
+        )
+
+    def _lost_sample(self, index: int, uuid: str | None, status: str, message: str) -> GpuSample:
+        return GpuSample(
+            index=index,
+            uuid=uuid,
+            name=None,
+            memory_total_bytes=None,
+            memory_used_bytes=None,
+            memory_free_bytes=None,
+            memory_reserved_bytes=None,
+            utilization_ratio=None,
+            status=status,
+            error=message,
+        )
+
+    def _sample_device(self, index: int) -> tuple[GpuSample, Any]:
+        handle = self._query("nvmlDeviceGetHandleByIndex", index)
+        if not handle.ok:
+            return self._lost_sample(index, None, handle.status, handle.message), None
+        uuid = self._query("nvmlDeviceGetUUID", handle.value)
+        uuid_value = str(uuid.value) if uuid.ok else None
+        if uuid.status in {GPU_LOST, DRIVER_GONE}:
+            return self._lost_sample(index, None, uuid.status, uuid.message), handle.value
+        name = self._query("nvmlDeviceGetName", handle.value)
+        mig = self._query("nvmlDeviceGetMigMode", handle.value)
+        if mig.ok and mig.value[0] == self._module().NVML_DEVICE_MIG_ENABLE:
+            message = (
+                f"GPU {index} ({uuid_value}) is in MIG mode: its memory belongs to GPU instances, "
+                f"which tunerd does not read; run the engine on a GPU without MIG"
+            )
+            sample = self._lost_sample(index, uuid_value, _MIG, message)
+            return replace(sample, name=str(name.value) if name.ok else None), handle.value
+        memory = self._memory(handle.value)
+        if memory.status in {GPU_LOST, DRIVER_GONE}:
+            return self._lost_sample(index, uuid_value, memory.status, memory.message), handle.value
+        total = used = free = reserved = None
+        if memory.ok:
+            total, used, free, reserved = memory.value
+        utilization = self._query("nvmlDeviceGetUtilizationRates", handle.value)
+        processes = self._processes(handle.value)
+        return (
+            GpuSample(
+                index=index,
+                uuid=uuid_value,
+                name=str(name.value) if name.ok else None,
+                memory_total_bytes=total,
+                memory_used_bytes=used,
+                memory_free_bytes=free,
+                memory_reserved_bytes=reserved,
+                utilization_ratio=utilization.value.gpu / 100 if utilization.ok else None,
+                processes=processes,
+            ),
+            handle.value,
+        )
+
+    def _memory(self, handle: Any) -> _Result:
+        """(total, used, free, reserved) bytes; v2 separates reserved memory from used."""
+        nvml = self._module()
+        if self._memory_version in {None, "v2"}:
+            try:
+                result = self._query("nvmlDeviceGetMemoryInfo", handle, version=nvml.nvmlMemory_v2)
+            except (TypeError, AttributeError):  # an nvidia-ml-py too old for the version argument
+                result = _Result(None, NOT_SUPPORTED)
+            if result.ok:
+                self._memory_version = "v2"
+                info = result.value
+                return _Result((int(info.total), int(info.used), int(info.free), int(info.reserved)), OK)
+            if result.status != NOT_SUPPORTED:
+                return result
+            self._memory_version = "v1"
+        result = self._query("nvmlDeviceGetMemoryInfo", handle)
+        if not result.ok:
+            return result
+        info = result.value
+        # v1's `used` includes driver-reserved memory (since R510); it cannot be separated.
+        return _Result((int(info.total), int(info.used), int(info.free), None), OK)
+
+    def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
+        result = self._query("nvmlDeviceGetComputeRunningProcesses", handle)
+        if not result.ok:
+            return ()
+        processes = []
+        alive = set()
+        for info in result.value:
+            pid = int(info.pid)
+            alive.add(pid)
+            if pid not in self._process_names:
+                name = self._query("nvmlSystemGetProcessName", pid)
+                self._process_names[pid] = str(name.value) if name.ok else None
+            used = info.usedGpuMemory
+            processes.append(
+                GpuProcess(pid, self._process_names[pid], int(used) if used is not None else None)
+            )
+        for pid in list(self._process_names):
+            if pid not in alive:
+                del self._process_names[pid]
+        return tuple(processes)
+
+
+class XidWatcher:
+    """One thread waiting on an NVML event set for XID critical errors on every GPU."""
+
+    WAIT_MS = 500
+
+    def __init__(
+        self, nvml: Any, event_set: Any, uuids: dict[int, str | None], query: Callable[..., _Result]
+    ) -> None:
+        self._nvml = nvml
+        self._event_set = event_set
+        self._uuids = uuids  # id(handle) is unreliable across calls; map by device index
+        self._query = query
+        self._events: list[GpuEvent] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tunerd-nvml-xid", daemon=True)
+
+    @classmethod
+    def start(
+        cls, nvml: Any, handles: list[tuple[Any, str | None]], query: Callable[..., _Result]
+    ) -> XidWatcher | None:
+        """Register every GPU that supports XID events; ``None`` when none does."""
+        created = query("nvmlEventSetCreate")
+        if not created.ok:
+            return None
+        registered = 0
+        uuids: dict[int, str | None] = {}
+        for index, (handle, uuid) in enumerate(handles):
+            if handle is None:
+                continue
+            supported = query("nvmlDeviceGetSupportedEventTypes", handle)
+            if not supported.ok or not supported.value & nvml.nvmlEventTypeXidCriticalError:
+                continue
+            if query(
+                "nvmlDeviceRegisterEvents", handle, nvml.nvmlEventTypeXidCriticalError, created.value
+            ).ok:
+                registered += 1
+                uuids[index] = uuid
+        if not registered:
+            query("nvmlEventSetFree", created.value)
+            return None
+        watcher = cls(nvml, created.value, uuids, query)
+        watcher._thread.start()
+        return watcher
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = self._nvml.nvmlEventSetWait(self._event_set, self.WAIT_MS)
+                except self._nvml.NVMLError_Timeout:
+                    continue
+                except self._nvml.NVMLError as error:
+                    with self._lock:
+                        self._events.append(GpuEvent("xid_watch_failed", None, None, message=str(error)))
+                    return
+                index_result = self._query("nvmlDeviceGetIndex", data.device)
+                index = int(index_result.value) if index_result.ok else None
+                uuid = self._uuids.get(index) if index is not None else None
+                with self._lock:
+                    self._events.append(
+                        GpuEvent(
+                            "xid", uuid, index, data=int(data.eventData), message=f"XID {int(data.eventData)}"
+                        )
+                    )
+        finally:
+            self._query("nvmlEventSetFree", self._event_set)
+
+    def drain(self) -> list[GpuEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2 * self.WAIT_MS / 1000)

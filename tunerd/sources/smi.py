@@ -1,0 +1,271 @@
+"""GPU memory through ``nvidia-smi``'s CSV queries: the fallback when NVML cannot be used.
+
+Two queries per poll (argv lists, no shell)::
+
+    nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,memory.free,
+               memory.reserved,utilization.gpu --format=csv,noheader,nounits
+    nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory
+               --format=csv,noheader,nounits
+
+Values are MiB and percent integers; a field the driver cannot report prints ``[N/A]`` (older
+drivers ``[Not Supported]``, deprecated ones ``[Requested functionality has been
+deprecated]``), which becomes ``None``, never 0. Drivers without ``memory.reserved`` answer
+``Field "memory.reserved" is not a valid field to query.`` and exit 2: the backend drops the
+field, remembers that, and asks again. Without a driver nvidia-smi prints ``NVIDIA-SMI has
+failed because it couldn't communicate with the NVIDIA driver ...`` and exits 9.
+
+``parse_query_gpu`` and ``parse_compute_apps`` are pure, tested on recorded real output;
+:class:`SmiSource` runs the commands through an injectable runner.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from tunerd.sources.gpu import (
+    DRIVER_GONE,
+    ERROR,
+    LIBRARY_MISSING,
+    NO_GPU,
+    OK,
+    GpuProcess,
+    GpuReading,
+    GpuSample,
+)
+
+__all__ = [
+    "GPU_FIELDS",
+    "CommandResult",
+    "SmiError",
+    "SmiSource",
+    "parse_compute_apps",
+    "parse_query_gpu",
+]
+
+MIB = 1024**2
+GPU_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "memory.reserved",
+    "utilization.gpu",
+)
+APP_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
+# Every bracketed placeholder nvidia-smi prints instead of a value.
+_MISSING_PREFIX = "["
+
+
+class SmiError(ValueError):
+    """Output nvidia-smi should not have printed; the message quotes the line."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str], float], CommandResult]
+
+
+def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
+    """Run ``argv`` (no shell); a missing program is returncode 127, a hang 124."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return CommandResult(127, "", f"{argv[0]}: command not found")
+    except subprocess.TimeoutExpired:
+        return CommandResult(124, "", f"{argv[0]} did not answer within {timeout:g}s")
+    return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+def _value(text: str) -> str | None:
+    """A cell's text, or None for every placeholder nvidia-smi prints instead of a value:
+    ``[N/A]``, ``N/A``, ``[Not Supported]``, ``[Unknown Error]``, ``[Requested functionality
+    has been deprecated]``, ``[Insufficient Permissions]``, or nothing."""
+    text = text.strip()
+    if not text or text.startswith(_MISSING_PREFIX) or text == "N/A":
+        return None
+    return text
+
+
+def _mib(text: str, field: str, line: str) -> int | None:
+    value = _value(text)
+    if value is None:
+        return None
+    value = value.removesuffix("MiB").strip()  # present without `nounits`
+    try:
+        return int(float(value) * MIB)
+    except ValueError:
+        raise SmiError(f"{field}: expected MiB, got '{text.strip()}' in line '{line}'") from None
+
+
+def _field_name(header: str) -> str:
+    """``memory.total [MiB]`` → ``memory.total`` (headers keep units even with nounits)."""
+    return header.split(" [", 1)[0].strip()
+
+
+def _table(text: str, fields: Sequence[str] | None) -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
+    """Rows of a CSV answer as {field: cell}; with ``fields=None`` the first line is the header."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if fields is None:
+        if not lines:
+            return [], []
+        header, *lines = lines
+        fields = [_field_name(cell) for cell in next(csv.reader([header], skipinitialspace=True))]
+    names = list(fields)
+    rows = []
+    for line in lines:
+        cells = [cell.strip() for cell in next(csv.reader([line], skipinitialspace=True))]
+        if len(cells) != len(names):
+            raise SmiError(f"expected {len(names)} fields, got {len(cells)} in line '{line}'")
+        rows.append((line, dict(zip(names, cells, strict=True))))
+    return names, rows
+
+
+def parse_query_gpu(text: str, fields: Sequence[str] | None = GPU_FIELDS) -> list[GpuSample]:
+    """One sample per line of ``--query-gpu=<fields> --format=csv[,noheader][,nounits]``.
+
+    ``fields`` are the queried fields in order (``None``: read them from the header line).
+    Fields tunerd does not use are ignored; ``index`` defaults to the line's position.
+    """
+    _, rows = _table(text, fields)
+    samples = []
+    for position, (line, row) in enumerate(rows):
+        index = _value(row.get("index", str(position)))
+        if index is None or not index.isdigit():
+            raise SmiError(f"index: expected a number, got '{row.get('index')}' in line '{line}'")
+        utilization = _value(row.get("utilization.gpu", ""))
+        try:
+            ratio = None if utilization is None else float(utilization.removesuffix("%").strip()) / 100
+        except ValueError:
+            raise SmiError(
+                f"utilization.gpu: expected percent, got '{utilization}' in line '{line}'"
+            ) from None
+        samples.append(
+            GpuSample(
+                index=int(index),
+                uuid=_value(row.get("uuid", row.get("gpu_uuid", ""))),
+                name=_value(row.get("name", row.get("gpu_name", ""))),
+                memory_total_bytes=_mib(row.get("memory.total", ""), "memory.total", line),
+                memory_used_bytes=_mib(row.get("memory.used", ""), "memory.used", line),
+                memory_free_bytes=_mib(row.get("memory.free", ""), "memory.free", line),
+                memory_reserved_bytes=_mib(row.get("memory.reserved", ""), "memory.reserved", line),
+                utilization_ratio=ratio,
+            )
+        )
+    return samples
+
+
+def parse_compute_apps(text: str, fields: Sequence[str] | None = APP_FIELDS) -> dict[str, list[GpuProcess]]:
+    """Processes per GPU UUID from ``--query-compute-apps=...`` (``None``: header first).
+
+    ``used_memory`` is also read as ``used_gpu_memory`` (its header name); a process whose
+    usage the driver cannot see (Windows WDDM prints ``[N/A]``) has ``used_bytes`` None.
+    """
+    _, rows = _table(text, fields)
+    by_gpu: dict[str, list[GpuProcess]] = {}
+    for line, row in rows:
+        pid = _value(row.get("pid", ""))
+        if pid is None or not pid.isdigit():
+            raise SmiError(f"pid: expected a number, got '{row.get('pid')}' in line '{line}'")
+        used = row.get("used_memory", row.get("used_gpu_memory", ""))
+        by_gpu.setdefault(row.get("gpu_uuid", ""), []).append(
+            GpuProcess(
+                pid=int(pid),
+                name=_value(row.get("process_name", row.get("name", ""))),
+                used_bytes=_mib(used, "used_memory", line),
+            )
+        )
+    return by_gpu
+
+
+def _failure(result: CommandResult) -> tuple[str, str]:
+    """(status, one-line message) for a failed nvidia-smi run."""
+    text = (result.stdout + "\n" + result.stderr).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if result.returncode == 127:
+        return LIBRARY_MISSING, "nvidia-smi not found on PATH: no NVIDIA driver installed"
+    if "couldn't communicate with the NVIDIA driver" in text or result.returncode == 9:
+        return DRIVER_GONE, f"nvidia-smi cannot talk to the NVIDIA driver (exit {result.returncode}): {first}"
+    if "Driver/library version mismatch" in text:
+        return DRIVER_GONE, f"nvidia-smi: {first} (reboot or reload the driver) (exit {result.returncode})"
+    if "No devices were found" in text or "No supported GPUs were found" in text:
+        return NO_GPU, f"nvidia-smi: {first}"
+    return ERROR, f"nvidia-smi failed (exit {result.returncode}): {first or 'no output'}"
+
+
+class SmiSource:
+    """Poll GPUs by running nvidia-smi (about 10–20 ms a call; NVML is ~100× cheaper)."""
+
+    name = "nvidia-smi"
+
+    def __init__(
+        self, binary: str = "nvidia-smi", runner: Runner = run_command, timeout: float = 5.0
+    ) -> None:
+        self._binary = binary
+        self._runner = runner
+        self._timeout = timeout
+        self._fields = list(GPU_FIELDS)
+
+    def _query(self, *args: str) -> CommandResult:
+        return self._runner([self._binary, *args], self._timeout)
+
+    def _query_gpus(self) -> CommandResult:
+        while True:
+            result = self._query(f"--query-gpu={','.join(self._fields)}", "--format=csv,noheader,nounits")
+            unknown = _unknown_field(result)
+            if unknown is None or unknown not in self._fields or unknown in {"index", "uuid"}:
+                return result
+            self._fields.remove(unknown)  # an older driver: ask without it from now on
+
+    def sample(self) -> GpuReading:
+        result = self._query_gpus()
+        if result.returncode != 0:
+            status, message = _failure(result)
+            return GpuReading(source=self.name, status=status, error=message)
+        try:
+            samples = parse_query_gpu(result.stdout, self._fields)
+        except SmiError as error:
+            return GpuReading(source=self.name, status=ERROR, error=f"nvidia-smi --query-gpu: {error}")
+        if not samples:
+            return GpuReading(source=self.name, status=NO_GPU, error="nvidia-smi lists no GPU")
+        apps = self._query(f"--query-compute-apps={','.join(APP_FIELDS)}", "--format=csv,noheader,nounits")
+        processes: dict[str, list[GpuProcess]] = {}
+        problem = None
+        if apps.returncode == 0:
+            try:
+                processes = parse_compute_apps(apps.stdout)
+            except SmiError as error:
+                problem = f"nvidia-smi --query-compute-apps: {error}"
+        else:
+            problem = _failure(apps)[1]
+        gpus = tuple(
+            replace(sample, processes=tuple(processes.get(sample.uuid or "", []))) for sample in samples
+        )
+        details = {"fields": ",".join(self._fields)}
+        if problem:
+            details["processes_error"] = problem
+        return GpuReading(source=self.name, status=OK, gpus=gpus, details=details)
+
+    def close(self) -> None:
+        return None
+
+
+def _unknown_field(result: CommandResult) -> str | None:
+    """The field named in ``Field "x" is not a valid field to query.``, if that is the error."""
+    text = result.stdout + result.stderr
+    marker = "is not a valid field to query"
+    if result.returncode == 0 or marker not in text:
+        return None
+    for line in text.splitlines():
+        if marker in line and '"' in line:
+            return line.split('"')[1]
+    return None

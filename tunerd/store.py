@@ -1,0 +1,178 @@
+"""Bounded time series and an event log, in memory. No clock, no I/O: times are passed in.
+
+Each series is a ring of fixed capacity holding ``(time, value, generation)`` in three typed
+arrays, allocated once: memory is the same after a minute and after a month. ``None``
+(an absent reading) is stored as NaN and comes back as ``None``. Every sample carries the
+engine *generation* (which start of the engine it came from); window queries only return
+samples of one generation, so no ``for``, window or rate ever spans a restart.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from array import array
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunerd.signals import SIGNALS
+
+__all__ = ["Event", "Sample", "Series", "Store"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    time: float
+    value: float | None
+    generation: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened at one moment: ``engine_crash``, ``gpu_lost``, ``engine_start``…"""
+
+    time: float
+    kind: str
+    scope: str  # the engine name or GPU UUID it concerns
+    generation: int = 0
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Series:
+    """A fixed-capacity ring of samples; appends must not go back in time."""
+
+    __slots__ = ("_count", "_generations", "_last_time", "_next", "_times", "_values", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("a series holds at least one sample")
+        self.capacity = capacity
+        self._times = array("d", bytes(8 * capacity))
+        self._values = array("d", bytes(8 * capacity))
+        self._generations = array("q", bytes(8 * capacity))
+        self._next = 0
+        self._count = 0
+        self._last_time = -math.inf
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, time: float, value: float | None, generation: int = 0) -> None:
+        if time < self._last_time:
+            raise ValueError(f"sample at {time} is older than the last one at {self._last_time}")
+        self._last_time = time
+        self._times[self._next] = time
+        self._values[self._next] = math.nan if value is None else float(value)
+        self._generations[self._next] = generation
+        self._next = (self._next + 1) % self.capacity
+        self._count = min(self._count + 1, self.capacity)
+
+    def _at(self, position: int) -> Sample:
+        """The ``position``-th oldest sample held."""
+        index = (self._next - self._count + position) % self.capacity
+        value = self._values[index]
+        return Sample(self._times[index], None if math.isnan(value) else value, self._generations[index])
+
+    def latest(self) -> Sample | None:
+        return self._at(self._count - 1) if self._count else None
+
+    def __iter__(self) -> Iterator[Sample]:
+        for position in range(self._count):
+            yield self._at(position)
+
+    def window(self, now: float, seconds: float, generation: int | None = None) -> list[Sample]:
+        """Samples with ``now − seconds ≤ time ≤ now`` of one generation (default: the latest
+        sample's), oldest first."""
+        last = self.latest()
+        if last is None:
+            return []
+        if generation is None:
+            generation = last.generation
+        start = now - seconds
+        result: list[Sample] = []
+        for position in range(self._count - 1, -1, -1):  # newest first; stop once too old
+            sample = self._at(position)
+            if sample.time < start:
+                break
+            if sample.time <= now and sample.generation == generation:
+                result.append(sample)
+        result.reverse()
+        return result
+
+    def nbytes(self) -> int:
+        """Bytes this series holds (its three arrays and the object), fixed at creation."""
+        arrays = sum(a.buffer_info()[1] * a.itemsize for a in (self._times, self._values, self._generations))
+        return arrays + sys.getsizeof(self)
+
+
+class Store:
+    """Series per (signal, scope) and a bounded event log.
+
+    ``scope`` is an engine name for engine signals and a GPU UUID (or index) for GPU signals.
+    Unknown signal names are refused, so a typo in a policy or a source shows up at once.
+    """
+
+    def __init__(self, capacity: int = 14_400, max_events: int = 10_000) -> None:
+        self.capacity = capacity  # 1 h at 4 Hz by default
+        self._series: dict[tuple[str, str], Series] = {}
+        self._events: deque[Event] = deque(maxlen=max_events)
+
+    @classmethod
+    def for_retention(
+        cls, retention_seconds: float, interval_seconds: float, max_events: int = 10_000
+    ) -> Store:
+        """A store keeping ``retention_seconds`` of samples taken every ``interval_seconds``."""
+        return cls(capacity=math.ceil(retention_seconds / interval_seconds) + 1, max_events=max_events)
+
+    def series(self, signal: str, scope: str) -> Series:
+        key = (signal, scope)
+        series = self._series.get(key)
+        if series is None:
+            if signal not in SIGNALS:
+                raise KeyError(f"unknown signal '{signal}' (see docs/signals.md)")
+            series = self._series[key] = Series(self.capacity)
+        return series
+
+    def record(self, signal: str, scope: str, time: float, value: float | None, generation: int = 0) -> None:
+        self.series(signal, scope).append(time, value, generation)
+
+    def record_many(
+        self, scope: str, time: float, values: Mapping[str, float | None], generation: int = 0
+    ) -> None:
+        for signal, value in values.items():
+            self.record(signal, scope, time, value, generation)
+
+    def latest(self, signal: str, scope: str) -> Sample | None:
+        series = self._series.get((signal, scope))
+        return series.latest() if series is not None else None
+
+    def window(
+        self, signal: str, scope: str, now: float, seconds: float, generation: int | None = None
+    ) -> list[Sample]:
+        series = self._series.get((signal, scope))
+        return series.window(now, seconds, generation) if series is not None else []
+
+    def scopes(self) -> set[str]:
+        return {scope for _, scope in self._series}
+
+    def add_event(self, event: Event) -> None:
+        self._events.append(event)
+
+    def events(
+        self, since: float | None = None, kind: str | None = None, scope: str | None = None
+    ) -> list[Event]:
+        return [
+            event
+            for event in self._events
+            if (since is None or event.time >= since)
+            and (kind is None or event.kind == kind)
+            and (scope is None or event.scope == scope)
+        ]
+
+    def nbytes(self) -> int:
+        """Memory held by samples and events: fixed per series, and bounded by ``max_events``."""
+        # The deque's own blocks shift by one as it rotates; count what it holds.
+        events = sum(sys.getsizeof(event) for event in self._events)
+        return sum(series.nbytes() for series in self._series.values()) + events
