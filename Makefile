@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit format clean
+.PHONY: demo test lint unit bench format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tunerd needs Python >= 3.11")'
@@ -28,6 +28,10 @@ test: $(STAMP) lint
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
+
+# Speed targets of DESIGN §8, as ratios measured in one run (not part of `make test`).
+bench: $(STAMP)
+	$(BIN)/python bench/bench_metrics_parse.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check tunerd tests bench

@@ -66,6 +66,7 @@ _MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) ?GiB|Loading model wei
 _AVAILABLE_KV = re.compile(
     r"Available KV cache memory: ([\d.]+) ?GiB"
     r"|reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes"
+    r"|Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache"  # the CPU build
 )
 _KV_SIZE = re.compile(r"\b(?:GPU|CPU|XPU|TPU|\w+) KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
@@ -78,7 +79,8 @@ _RUN_START = re.compile(r"vLLM API server version|\bnon-default args:")
 _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvicorn running on")
 # A shutdown someone asked for.
 _REQUESTED_SHUTDOWN = re.compile(
-    r"\[shutdown\][^\n]*\b(?:signal|SIGTERM|SIGINT)\b"
+    r"\[shutdown\] API server: shutdown triggered"
+    r"|\[shutdown\][^\n]*\b(?:signal|SIGTERM|SIGINT)\b"
     r"|Received signal (?:15|2|SIGTERM|SIGINT)|received SIG(?:TERM|INT)"
     r"|Shutting down\b(?! due)|KeyboardInterrupt"
 )
@@ -244,8 +246,8 @@ class LogDiagnoser:
             self._ready = True
         if self._shutdown:
             return  # what follows a requested shutdown is not a crash
-        if _REQUESTED_SHUTDOWN.search(line) and self._cause is None:
-            self._shutdown = True
+        if _REQUESTED_SHUTDOWN.search(line) and self._cause is None and self._dead is None:
+            self._shutdown = True  # (a shutdown after a death is the death's cleanup)
             return
         if _STARTUP_EVIDENCE.search(line):
             self._startup_evidence = True
@@ -276,7 +278,7 @@ class LogDiagnoser:
         if (match := _MODEL_LOADING.search(line)) is not None:
             self._loading = float(match.group(1) or match.group(2))
         if (match := _AVAILABLE_KV.search(line)) is not None:
-            self._available = float(match.group(1) or match.group(2))
+            self._available = float(match.group(1) or match.group(2) or match.group(3))
         if (match := _KV_SIZE.search(line)) is not None:
             self._kv_tokens = _int(match.group(1))
         if (match := _CONCURRENCY.search(line)) is not None:

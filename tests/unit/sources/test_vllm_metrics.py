@@ -180,3 +180,14 @@ class TestRates:
         rates = CounterRates()
         rates.update(self._snap(10, 5000), now=10.0, generation=1)
         assert rates.update(self._snap(0, 10), now=12.0, generation=1)["num_preemptions_total"] is None
+
+
+def test_rates_between_two_recorded_pages() -> None:
+    """Two scrapes of one engine under load, requested 1.708 s apart (PROVENANCE.md)."""
+    vllm = DATA / "vllm"
+    rates = CounterRates()
+    rates.update(parse((vllm / "metrics-0.32-load.txt").read_text()), now=100.0, generation=1)
+    second = rates.update(parse((vllm / "metrics-0.32-load-2.txt").read_text()), now=101.708, generation=1)
+    assert second["prompt_tokens_total"] == pytest.approx((7217 - 6015) / 1.708)
+    assert second["generation_tokens_total"] == pytest.approx((4137 - 3039) / 1.708)
+    assert second["num_preemptions_total"] == pytest.approx(1 / 1.708)
