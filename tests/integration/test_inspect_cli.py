@@ -34,6 +34,17 @@ def tunerd(
     )
 
 
+def _p4_recording(apps: Path) -> dict[str, Any]:
+    """The recorded two Tesla P4s (telegraf#4120, driver 384), with ``apps`` as the processes."""
+    return {
+        "query_gpu": {
+            "fields": P4_FIELDS,
+            "file": str(DATA / "nvidia-smi" / "query-gpu-2gpu-not-supported-teslap4-384.csv"),
+        },
+        "compute_apps": {"fields": ["gpu_uuid", "pid", "process_name", "used_memory"], "file": str(apps)},
+    }
+
+
 @pytest.fixture
 def fake_smi(tmp_path: Path) -> Any:
     """Install a stand-in nvidia-smi on PATH; returns a function taking the recording."""
@@ -65,18 +76,7 @@ class TestInspectGpu:
         fan.speed [Not Supported]; the JSON has nulls, never zeros, for what it cannot read."""
         apps = tmp_path / "apps.csv"
         apps.write_text("GPU-xxx, 4242, python3, 5000\n")
-        env = fake_smi(
-            {
-                "query_gpu": {
-                    "fields": P4_FIELDS,
-                    "file": str(DATA / "nvidia-smi" / "query-gpu-2gpu-not-supported-teslap4-384.csv"),
-                },
-                "compute_apps": {
-                    "fields": ["gpu_uuid", "pid", "process_name", "used_memory"],
-                    "file": str(apps),
-                },
-            }
-        )
+        env = fake_smi(_p4_recording(apps))
         result = tunerd("inspect", "gpu", "--source", "nvidia-smi", "--json", env=env)
         assert result.returncode == 0, result.stderr
         gpus = json.loads(result.stdout)["gpus"]
@@ -114,18 +114,7 @@ class TestInspectGpu:
         )
 
     def test_inspect_gpu_human_output(self, fake_smi: Any) -> None:
-        env = fake_smi(
-            {
-                "query_gpu": {
-                    "fields": P4_FIELDS,
-                    "file": str(DATA / "nvidia-smi" / "query-gpu-2gpu-not-supported-teslap4-384.csv"),
-                },
-                "compute_apps": {
-                    "fields": ["gpu_uuid", "pid", "process_name", "used_memory"],
-                    "file": os.devnull,
-                },
-            }
-        )
+        env = fake_smi(_p4_recording(Path(os.devnull)))
         result = tunerd("inspect", "gpu", "--source", "nvidia-smi", env=env)
         assert result.returncode == 0
         assert "GPU 1 Tesla P4 GPU-xxx" in result.stdout

@@ -180,18 +180,8 @@ def _number(value: float) -> int | float | None:
     return int(value) if value.is_integer() else value
 
 
-def _label_int(labels: Mapping[str, str], key: str) -> int | None:
-    raw = labels.get(key)
-    if raw is None or raw in {"None", ""}:
-        return None
-    try:
-        number = float(raw)
-    except ValueError:
-        return None
-    return int(number) if number.is_integer() and number >= 0 else None
-
-
 def _label_float(labels: Mapping[str, str], key: str) -> float | None:
+    """A label holding a number (``"0.92"``); ``"None"``, junk and NaN are ``None``."""
     raw = labels.get(key)
     if raw is None or raw in {"None", ""}:
         return None
@@ -200,6 +190,12 @@ def _label_float(labels: Mapping[str, str], key: str) -> float | None:
     except ValueError:
         return None
     return None if math.isnan(number) else number
+
+
+def _label_int(labels: Mapping[str, str], key: str) -> int | None:
+    """A label holding a count (``"9271"``); anything else is ``None``."""
+    number = _label_float(labels, key)
+    return int(number) if number is not None and number.is_integer() and number >= 0 else None
 
 
 @dataclass

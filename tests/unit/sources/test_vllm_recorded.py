@@ -87,6 +87,7 @@ def test_diagnose_recorded_startup() -> None:
     assert result.kv_cache_size_tokens == 4096
     assert (result.max_concurrency, result.max_model_len) == (2.0, 2048)
     assert result.model_loading_gib is None  # the CPU build does not print a GiB figure
+    assert result.available_kv_cache_gib == 0.0  # "Explicitly set (0.0/8.21) GiB for KV cache"
 
 
 def test_diagnose_recorded_sigterm_drain_is_not_a_crash() -> None:
