@@ -64,6 +64,14 @@ def gpu_signals(sample: GpuSample) -> dict[str, float | None]:
     }
 
 
+def cuda_total_bytes(gpu: GpuSample) -> int | None:
+    """The total vLLM's budget is a share of: what CUDA reports, i.e. NVML's total less the
+    driver-reserved memory where the backend reports it (RTX 4090: 24,564 MiB − 480 MiB)."""
+    if gpu.memory_total_bytes is None:
+        return None
+    return gpu.memory_total_bytes - (gpu.memory_reserved_bytes or 0)
+
+
 def engine_gpus(gpus: Iterable[GpuSample], selectors: Sequence[int | str]) -> list[GpuSample]:
     """The GPUs an engine runs on, by index or UUID (``GPU-…``); an empty selector is all."""
     gpus = list(gpus)
@@ -98,26 +106,39 @@ def engine_memory(
 
     ``engine_memory_bytes`` sums the engine's processes on a GPU, ``other_processes`` the rest
     of the listed processes; ``engine_over_budget_bytes = engine − ceil(utilization × total)``
-    (vLLM's own budget arithmetic). The worst GPU is the one most over budget (or, without a
-    budget, the one where the engine uses most). A process whose usage the driver does not
-    report makes the sum unknown (``None``), never smaller.
+    (vLLM's own budget arithmetic, on the CUDA-visible total: :func:`cuda_total_bytes`).
+    The worst GPU is the one most over budget (or, without a budget, the one where the engine
+    uses most); a GPU whose numbers are unknown (lost, MIG, an unreadable process list) only
+    counts when no GPU is known. A process whose usage the driver does not report makes the
+    sum unknown (``None``), never smaller.
     """
     pids = set(engine_pids)
     worst: EngineMemory | None = None
-    worst_key = -math.inf
+    worst_key: tuple[int, float] = (-1, -math.inf)
     for gpu in gpus:
-        mine: int | None = 0
-        others: int | None = 0
-        for process in gpu.processes:
-            if process.pid in pids:
-                mine = None if mine is None or process.used_bytes is None else mine + process.used_bytes
-            else:
-                others = None if others is None or process.used_bytes is None else others + process.used_bytes
+        mine: int | None = None
+        others: int | None = None
+        if gpu.processes is not None and gpu.status == "ok":
+            mine, others = 0, 0
+            for process in gpu.processes:
+                if process.pid in pids:
+                    mine = None if mine is None or process.used_bytes is None else mine + process.used_bytes
+                else:
+                    others = (
+                        None if others is None or process.used_bytes is None else others + process.used_bytes
+                    )
         over = None
-        if mine is not None and gpu.memory_total_bytes and gpu_memory_utilization is not None:
-            over = mine - math.ceil(gpu.memory_total_bytes * gpu_memory_utilization)
+        total = cuda_total_bytes(gpu)
+        if mine is not None and total and gpu_memory_utilization is not None:
+            over = mine - math.ceil(total * gpu_memory_utilization)
         candidate = EngineMemory(mine, over, others, gpu.index)
-        key = over if over is not None else (mine if mine is not None else -math.inf)
+        # Known beats unknown: a lost or unreadable GPU never hides a healthy one's numbers.
+        if over is not None:
+            key: tuple[int, float] = (2, over)
+        elif mine is not None:
+            key = (1, mine)
+        else:
+            key = (0, 0.0)
         if worst is None or key > worst_key:
             worst, worst_key = candidate, key
     return worst or EngineMemory(None, None, None, None)

@@ -67,6 +67,7 @@ class FakeDevice:
     supports_v2: bool = True
     supports_xid: bool = True
     utilization_supported: bool = True
+    processes_readable: bool = True  # False: NoPermission, as in a container without host PIDs
 
     @property
     def used_bytes(self) -> int:
@@ -198,6 +199,8 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
         self._call("nvmlDeviceGetComputeRunningProcesses")
         device = self._device(handle)
+        if not device.processes_readable:
+            raise NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
         result = []
         for process in device.processes:
             info = nvmlFriendlyObject(

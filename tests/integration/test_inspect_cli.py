@@ -171,3 +171,10 @@ class TestInspectLogAndMetrics:
         result = tunerd("inspect", "metrics", "http://127.0.0.1:9/", "--timeout", "2")
         assert result.returncode == 1
         assert "connection refused" in result.stderr
+
+
+def test_inspect_metrics_malformed_url_exit_2() -> None:
+    result = tunerd("inspect", "metrics", "http://[::1")
+    assert result.returncode == 2
+    assert result.stderr.startswith("tunerd inspect metrics: error: ")
+    assert "Traceback" not in result.stderr

@@ -70,3 +70,22 @@ def test_gpu_signals_ratio_only_when_known() -> None:
     assert gpu_signals(gpu)["gpu_memory_used_ratio"] == 0.5
     unknown = GpuSample(0, None, None, None, 5, None, None, None)
     assert gpu_signals(unknown)["gpu_memory_used_ratio"] is None
+
+
+def test_engine_memory_budget_on_cuda_total_when_reserved_known() -> None:
+    """NVML v2 reports 24,564 MiB total and 480 MiB reserved on a 4090; CUDA (and so vLLM's
+    budget) sees the difference."""
+    mib = 1024**2
+    gpu = GpuSample(
+        0,
+        "GPU-0",
+        "RTX 4090",
+        24564 * mib,
+        21000 * mib,
+        3084 * mib,
+        480 * mib,
+        0.5,
+        (GpuProcess(7, None, 21000 * mib),),
+    )
+    memory = engine_memory([gpu], engine_pids={7}, gpu_memory_utilization=0.92)
+    assert memory.engine_over_budget_bytes == 21000 * mib - math.ceil(24084 * mib * 0.92)

@@ -134,6 +134,8 @@ def _run_metrics(args: argparse.Namespace) -> int:
         try:
             text = client.fetch()
         except ScrapeError as error:
+            if error.kind == "invalid_url":
+                raise UsageError(str(error)) from None
             print(f"{args.prog}: {error}", file=sys.stderr)
             return EXIT_NO
         finally:
@@ -272,7 +274,9 @@ def _gpu_text(reading: GpuReading) -> str:
             lines.append(f"  {gpu.status}: {gpu.error}")
             continue
         lines.append(f"  used {used} of {total}, free {free}, busy {utilization}")
-        for process in gpu.processes:
+        if gpu.processes is None:
+            lines.append("  processes: cannot be read (no permission, or another PID namespace)")
+        for process in gpu.processes or ():
             size = format_size(process.used_bytes) if process.used_bytes is not None else "-"
             lines.append(f"  pid {process.pid:<8} {size:>11}  {process.name or '?'}")
     return "\n".join(lines) + "\n"

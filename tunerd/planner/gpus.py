@@ -26,6 +26,9 @@ class GpuProfile:
     consumer: bool  # a desktop card (display neighbours, PCIe, 24 GiB class)
     arch: str  # ampere | ada | hopper
     reported: str  # how the total was seen, for --explain
+    # Datasheet speeds, for the simulator's roofline (the planner's arithmetic does not use them).
+    bandwidth_bytes_per_s: float = 1.0e12  # memory bandwidth
+    bf16_flops: float = 150e12  # dense bf16 tensor throughput (fp32 accumulate)
 
     @property
     def fp8_kv_native(self) -> bool:
@@ -54,74 +57,34 @@ def _mib(value: float) -> int:
     return int(value * MIB)
 
 
+# fmt: off
 GPU_PROFILES: dict[str, GpuProfile] = {
     profile.name: profile
     for profile in (
-        GpuProfile(
-            "rtx4090",
-            "NVIDIA GeForce RTX 4090 24 GB",
-            _mib(24084),
-            24564,
-            True,
-            "ada",
-            "23.52 GiB total in torch's OOM text and vLLM's start-up check (driver R580)",
-        ),
-        GpuProfile(
-            "rtx3090",
-            "NVIDIA GeForce RTX 3090 24 GB",
-            _mib(24125),
-            24576,
-            True,
-            "ampere",
-            "23.56 GiB in vLLM's 'Free memory on device (22.93/23.56 GiB)'",
-        ),
-        GpuProfile(
-            "l40s",
-            "NVIDIA L40S 48 GB",
-            _mib(45599),
-            46068,
-            False,
-            "ada",
-            "44.53 GiB total capacity in torch's OOM text",
-        ),
-        GpuProfile(
-            "a100-40g",
-            "NVIDIA A100-SXM4-40GB",
-            42298834944,
-            40960,
-            False,
-            "ampere",
-            "42,298,834,944 bytes from deviceQuery (39.39 GiB)",
-        ),
-        GpuProfile(
-            "a100-80g",
-            "NVIDIA A100-SXM4-80GB",
-            _mib(81050),
-            81920,
-            False,
-            "ampere",
-            "total_gpu_memory=79.15GiB in vLLM's start-up log",
-        ),
-        GpuProfile(
-            "h100-80g",
-            "NVIDIA H100 80GB HBM3",
-            _mib(81009),
-            81559,
-            False,
-            "hopper",
-            "79.11 GiB total capacity in torch's OOM text",
-        ),
-        GpuProfile(
-            "h200",
-            "NVIDIA H200 141 GB",
-            _mib(143166),
-            143771,
-            False,
-            "hopper",
-            "139.81 GiB in vLLM's 'Free memory on device (139.21/139.81 GiB)'",
-        ),
+        GpuProfile("rtx4090", "NVIDIA GeForce RTX 4090 24 GB", _mib(24084), 24564, True, "ada",
+                   "23.52 GiB total in torch's OOM text and vLLM's start-up check (driver R580)",
+                   bandwidth_bytes_per_s=1008e9, bf16_flops=165.2e12),
+        GpuProfile("rtx3090", "NVIDIA GeForce RTX 3090 24 GB", _mib(24125), 24576, True, "ampere",
+                   "23.56 GiB in vLLM's 'Free memory on device (22.93/23.56 GiB)'",
+                   bandwidth_bytes_per_s=936e9, bf16_flops=71e12),
+        GpuProfile("l40s", "NVIDIA L40S 48 GB", _mib(45599), 46068, False, "ada",
+                   "44.53 GiB total capacity in torch's OOM text",
+                   bandwidth_bytes_per_s=864e9, bf16_flops=362e12),
+        GpuProfile("a100-40g", "NVIDIA A100-SXM4-40GB", 42298834944, 40960, False, "ampere",
+                   "42,298,834,944 bytes from deviceQuery (39.39 GiB)",
+                   bandwidth_bytes_per_s=1555e9, bf16_flops=312e12),
+        GpuProfile("a100-80g", "NVIDIA A100-SXM4-80GB", _mib(81050), 81920, False, "ampere",
+                   "total_gpu_memory=79.15GiB in vLLM's start-up log",
+                   bandwidth_bytes_per_s=2039e9, bf16_flops=312e12),
+        GpuProfile("h100-80g", "NVIDIA H100 80GB HBM3", _mib(81009), 81559, False, "hopper",
+                   "79.11 GiB total capacity in torch's OOM text",
+                   bandwidth_bytes_per_s=3350e9, bf16_flops=989e12),
+        GpuProfile("h200", "NVIDIA H200 141 GB", _mib(143166), 143771, False, "hopper",
+                   "139.81 GiB in vLLM's 'Free memory on device (139.21/139.81 GiB)'",
+                   bandwidth_bytes_per_s=4800e9, bf16_flops=989e12),
     )
 }
+# fmt: on
 
 _ALIASES = {
     "4090": "rtx4090",

@@ -73,8 +73,12 @@ _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:
 _GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)")
 _V0_BLOCK_SIZE = 16
 
-# A new server process starting (a log file keeps several runs).
-_RUN_START = re.compile(r"vLLM API server version|\bnon-default args:")
+# A new server process starting (a log file keeps several runs); argparse's usage line starts
+# a run that fails before printing anything else.
+_RUN_START = re.compile(r"vLLM API server version|\bnon-default args:|^usage: ")
+# Lines that quote what clients sent (uvicorn's access log, vLLM's request log): never
+# evidence of a crash or a shutdown, whatever text a client put in a path or a prompt.
+_CLIENT_TEXT = re.compile(r'^INFO: +\S+:\d+ - "|Received request |Added request |\bprompt: ')
 # The server is up: failures after this are runtime failures.
 _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvicorn running on")
 # A shutdown someone asked for.
@@ -131,6 +135,7 @@ _RUNTIME_EVIDENCE = re.compile(
 
 _TRIED = re.compile(r"Tried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
 _PROCESS_HAS = re.compile(r"Process (\d+) has ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB) memory in use")
+_THIS_PROCESS = re.compile(r"this process has ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB) memory in use")
 _ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
 _V0_KV_TOKENS = re.compile(r"maximum number of tokens that can be stored in KV cache \((\d+)\)")
 # Lines after the root cause that may still carry its details (torch wraps long OOM texts).
@@ -156,7 +161,11 @@ class Crash:
     message: str
     estimated_max_model_len: int | None = None
     tried_to_allocate_bytes: int | None = None
-    other_processes: tuple[tuple[int, int], ...] = ()  # (pid, bytes) named in an OOM text
+    # (pid, bytes) of every "Process N has X memory in use" in an OOM text. In a container torch
+    # cannot tell its own host PID, so the engine itself may be listed: the daemon, which knows
+    # the engine's PIDs, removes them.
+    other_processes: tuple[tuple[int, int], ...] = ()
+    own_bytes: int | None = None  # "this process has X memory in use"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +175,7 @@ class Crash:
             "estimated_max_model_len": self.estimated_max_model_len,
             "tried_to_allocate_bytes": self.tried_to_allocate_bytes,
             "other_processes": [{"pid": pid, "bytes": size} for pid, size in self.other_processes],
+            "own_bytes": self.own_bytes,
         }
 
 
@@ -207,10 +217,15 @@ class _Cause:
 
 
 class LogDiagnoser:
-    """Feed it lines as they come; :meth:`result` is the diagnosis so far."""
+    """Feed it lines as they come; :meth:`result` is the diagnosis so far.
 
-    def __init__(self) -> None:
+    ``serving`` says the server was already up when the first line came (a follower that
+    joined a running engine never sees its start-up lines).
+    """
+
+    def __init__(self, serving: bool = False) -> None:
         self._reset()
+        self._ready = serving
         self.lines = 0
 
     def _reset(self) -> None:
@@ -241,6 +256,8 @@ class LogDiagnoser:
         if self._pending_details and self._cause is not None:
             self._cause.details.append(line)
             self._pending_details -= 1
+        if _CLIENT_TEXT.search(line):
+            return
         self._figures(line)
         if _READY.search(line):
             self._ready = True
@@ -255,6 +272,8 @@ class LogDiagnoser:
             self._runtime_evidence = True
         if self._cause is None:
             for kind, pattern, phase in _RULES:
+                if kind == "invalid_config" and self._ready:
+                    continue  # after start-up a ValidationError is one bad request
                 if pattern.search(line):
                     self._cause = _Cause(kind, phase, line.strip(), self._ready)
                     self._pending_details = _DETAIL_LINES
@@ -316,6 +335,7 @@ class LogDiagnoser:
         text = "\n".join([cause.message, *cause.details])
         estimated = _ESTIMATED_LEN.search(text) or _V0_KV_TOKENS.search(text)
         tried = _TRIED.search(text)
+        own = _THIS_PROCESS.search(text)
         others = tuple((int(pid), _bytes(number, unit)) for pid, number, unit in _PROCESS_HAS.findall(text))
         return Crash(
             kind=cause.kind,
@@ -324,12 +344,13 @@ class LogDiagnoser:
             estimated_max_model_len=int(estimated.group(1)) if estimated else None,
             tried_to_allocate_bytes=_bytes(*tried.groups()) if tried else None,
             other_processes=others,
+            own_bytes=_bytes(*own.groups()) if own else None,
         )
 
 
-def diagnose(lines: Iterable[str], exit_code: int | None = None) -> LogDiagnosis:
-    """Diagnose a whole log (the last run in it)."""
-    return LogDiagnoser().feed_many(lines).result(exit_code)
+def diagnose(lines: Iterable[str], exit_code: int | None = None, serving: bool = False) -> LogDiagnosis:
+    """Diagnose a whole log (the last run in it); ``serving``: the log starts mid-run."""
+    return LogDiagnoser(serving).feed_many(lines).result(exit_code)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,6 +386,7 @@ class FileFollower:
         self._file: IO[bytes] | None = None
         self._inode: int | None = None
         self._partial = b""
+        self.error: str | None = None
         handle = self._open()
         if handle is not None and not from_start:
             handle.seek(0, os.SEEK_END)
@@ -372,8 +394,10 @@ class FileFollower:
     def _open(self) -> IO[bytes] | None:
         try:
             handle = self._path.open("rb")
-        except FileNotFoundError:
+        except OSError as error:  # missing, or not readable (yet): try again next poll
+            self.error = f"{self._path}: {error.strerror}"
             return None
+        self.error = None
         self._file, self._inode = handle, os.fstat(handle.fileno()).st_ino
         return handle
 
@@ -384,9 +408,13 @@ class FileFollower:
         lines = self._drain()
         try:
             stat = self._path.stat()
-        except FileNotFoundError:
+        except OSError:
             return lines  # rotated away and not yet recreated: keep reading the old one
         if stat.st_ino != self._inode:
+            while more := self._drain():  # finish the old file before switching
+                lines += more
+            if self._partial:
+                lines.append(self._partial.decode("utf-8", "replace"))
             self._file.close()
             self._file = None
             self._partial = b""
@@ -402,6 +430,9 @@ class FileFollower:
         assert self._file is not None
         data = self._partial + self._file.read(self._max_read)
         *complete, self._partial = data.split(b"\n")
+        if len(self._partial) > self._max_read:  # a "line" without an end: pass it on in pieces
+            complete.append(self._partial)
+            self._partial = b""
         return [line.decode("utf-8", "replace") for line in complete]
 
     def close(self) -> None:
@@ -446,8 +477,12 @@ class PipeReader:
         return lines
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._stream.close()
+        """Close the pipe once its writer has ended it. Closing a pipe that the reader thread
+        is blocked on would hang, so while the writer lives this does nothing: the owner ends
+        the writer (as :class:`JournalFollower` does) and the thread ends at end of file."""
+        if self.closed.wait(timeout=1.0):
+            with contextlib.suppress(OSError):
+                self._stream.close()
 
 
 class JournalFollower:

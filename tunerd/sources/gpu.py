@@ -61,7 +61,7 @@ class GpuSample:
     memory_free_bytes: int | None
     memory_reserved_bytes: int | None
     utilization_ratio: float | None
-    processes: tuple[GpuProcess, ...] = ()
+    processes: tuple[GpuProcess, ...] | None = ()  # None: the list could not be read
     status: str = OK  # ok | gpu_lost | mig | error: this GPU's own state
     error: str | None = None
 
@@ -76,7 +76,7 @@ class GpuSample:
             "memory_free_bytes": self.memory_free_bytes,
             "memory_reserved_bytes": self.memory_reserved_bytes,
             "utilization_ratio": self.utilization_ratio,
-            "processes": [process.to_dict() for process in self.processes],
+            "processes": None if self.processes is None else [p.to_dict() for p in self.processes],
             "status": self.status,
             "error": self.error,
         }
@@ -171,7 +171,8 @@ def reading_from_dict(data: Mapping[str, Any], source: str) -> GpuReading:
     for position, raw in enumerate(gpus):
         if not isinstance(raw, Mapping):
             raise ValueError(f"gpus[{position}] must be an object")
-        processes = []
+        processes: list[GpuProcess] = []
+        listed = "processes" not in raw or raw["processes"] is not None  # null: unreadable
         for item in raw.get("processes") or []:
             if not isinstance(item, Mapping) or _optional_int(item.get("pid"), "pid") is None:
                 raise ValueError(f"gpus[{position}].processes: each needs an integer 'pid'")
@@ -195,7 +196,7 @@ def reading_from_dict(data: Mapping[str, Any], source: str) -> GpuReading:
                     raw.get("memory_reserved_bytes"), "memory_reserved_bytes"
                 ),
                 utilization_ratio=_optional_ratio(raw.get("utilization_ratio"), "utilization_ratio"),
-                processes=tuple(processes),
+                processes=tuple(processes) if listed else None,
                 status=str(raw.get("status") or OK),
                 error=str(raw["error"]) if raw.get("error") is not None else None,
             )

@@ -79,7 +79,10 @@ class NvmlSource:
         self._initialized = False
         self._memory_version: str | None = None  # "v2" or "v1", probed once
         self._lost: set[int] = set()  # indexes of GPUs last seen lost
+        self._uuids: dict[int, str] = {}  # index → UUID, remembered for GPUs that get lost
         self._process_names: dict[int, str | None] = {}
+        self._alive_pids: set[int] = set()
+        self._xid_unavailable = False  # no GPU supports XID events: do not ask every poll
         self._missing: set[str] = set()  # functions reported unsupported, to say so once
         self._xid: XidWatcher | None = None
         self._lock = threading.Lock()
@@ -98,6 +101,8 @@ class NvmlSource:
             if status == NOT_SUPPORTED:
                 self._missing.add(function)
             return _Result(None, status, f"{function}: {error}")
+        except UnicodeDecodeError as error:  # pynvml decodes names as UTF-8
+            return _Result(None, ERROR, f"{function}: {error}")
 
     def _module(self) -> Any:
         return self._nvml
@@ -118,14 +123,19 @@ class NvmlSource:
             return _Result(None, DRIVER_GONE, "NVIDIA driver not loaded (NVML: DriverNotLoaded)")
         return _Result(None, result.status, f"NVML failed to initialise: {result.message}")
 
-    def _reset(self) -> None:
-        """Forget the NVML session so that the next poll initialises it again."""
+    def _reset(self) -> list[GpuEvent]:
+        """Forget the NVML session so that the next poll initialises it again; returns the XID
+        events the watcher still held (an XID 79 comes with a lost GPU)."""
+        events: list[GpuEvent] = []
         if self._xid is not None:
             self._xid.stop()
+            events = self._xid.drain()
             self._xid = None
+        self._xid_unavailable = False
         if self._initialized:
             self._query("nvmlShutdown")
         self._initialized = False
+        return events
 
     def close(self) -> None:
         self._reset()
@@ -149,18 +159,27 @@ class NvmlSource:
         samples: list[GpuSample] = []
         events: list[GpuEvent] = []
         handles: list[tuple[Any, str | None]] = []
+        self._alive_pids = set()
+        newly_lost = False
         for index in range(count.value):
             sample, handle = self._sample_device(index)
+            if sample.uuid is not None:
+                self._uuids[index] = sample.uuid
+            elif index in self._uuids:
+                sample = replace(sample, uuid=self._uuids[index])
             samples.append(sample)
             handles.append((handle, sample.uuid))
             if sample.status == GPU_LOST and index not in self._lost:
                 self._lost.add(index)
+                newly_lost = True
                 events.append(GpuEvent("gpu_lost", sample.uuid, index, message=sample.error or ""))
             elif sample.status != GPU_LOST and index in self._lost:
                 self._lost.discard(index)
                 events.append(GpuEvent("gpu_recovered", sample.uuid, index))
+        for pid in set(self._process_names) - self._alive_pids:
+            del self._process_names[pid]
         if any(sample.status == DRIVER_GONE for sample in samples):
-            self._reset()
+            events.extend(self._reset())
             return GpuReading(
                 source=self.name,
                 status=DRIVER_GONE,
@@ -168,10 +187,11 @@ class NvmlSource:
                 error="NVIDIA driver went away while reading",
                 events=tuple(events),
             )
-        if any(sample.status == GPU_LOST for sample in samples):
-            self._reset()  # NVML wants a fresh session after a lost GPU
-        elif self._watch_xid and self._xid is None:
+        if newly_lost:
+            events.extend(self._reset())  # NVML wants a fresh session after a GPU is lost
+        elif self._watch_xid and self._xid is None and not self._xid_unavailable:
             self._xid = XidWatcher.start(self._module(), handles, self._query)
+            self._xid_unavailable = self._xid is None
         if self._xid is not None:
             events.extend(self._xid.drain())
         details = {"memory_info": self._memory_version or "unknown"}
@@ -257,15 +277,16 @@ class NvmlSource:
         # v1's `used` includes driver-reserved memory (since R510); it cannot be separated.
         return _Result((int(info.total), int(info.used), int(info.free), None), OK)
 
-    def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
+    def _processes(self, handle: Any) -> tuple[GpuProcess, ...] | None:
+        """The compute processes on a GPU; ``None`` when the list cannot be read (not an
+        empty GPU: a container without the host PID namespace, NoPermission)."""
         result = self._query("nvmlDeviceGetComputeRunningProcesses", handle)
         if not result.ok:
-            return ()
+            return None
         processes = []
-        alive = set()
         for info in result.value:
             pid = int(info.pid)
-            alive.add(pid)
+            self._alive_pids.add(pid)
             if pid not in self._process_names:
                 name = self._query("nvmlSystemGetProcessName", pid)
                 self._process_names[pid] = str(name.value) if name.ok else None
@@ -273,9 +294,6 @@ class NvmlSource:
             processes.append(
                 GpuProcess(pid, self._process_names[pid], int(used) if used is not None else None)
             )
-        for pid in list(self._process_names):
-            if pid not in alive:
-                del self._process_names[pid]
         return tuple(processes)
 
 

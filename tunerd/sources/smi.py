@@ -197,6 +197,8 @@ def _failure(result: CommandResult) -> tuple[str, str]:
         return DRIVER_GONE, f"nvidia-smi cannot talk to the NVIDIA driver (exit {result.returncode}): {first}"
     if "Driver/library version mismatch" in text:
         return DRIVER_GONE, f"nvidia-smi: {first} (reboot or reload the driver) (exit {result.returncode})"
+    if result.returncode == 15 or "fallen off the bus" in text:
+        return ERROR, f"nvidia-smi: a GPU has fallen off the bus (exit {result.returncode}): {first}"
     if "No devices were found" in text or "No supported GPUs were found" in text:
         return NO_GPU, f"nvidia-smi: {first}"
     return ERROR, f"nvidia-smi failed (exit {result.returncode}): {first or 'no output'}"
@@ -248,7 +250,8 @@ class SmiSource:
         else:
             problem = _failure(apps)[1]
         gpus = tuple(
-            replace(sample, processes=tuple(processes.get(sample.uuid or "", []))) for sample in samples
+            replace(sample, processes=None if problem else tuple(processes.get(sample.uuid or "", [])))
+            for sample in samples
         )
         details = {"fields": ",".join(self._fields)}
         if problem:

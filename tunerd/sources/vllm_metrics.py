@@ -224,6 +224,10 @@ def parse(text: str) -> MetricsSnapshot:
             continue
         if name not in WANTED:
             continue  # a longer name sharing a prefix (…_created, …_bucket)
+        if math.isinf(value):
+            if len(problems) < _MAX_PROBLEMS:
+                problems.append(f"line {number}: value out of range: {line[:80]!r}")
+            continue
         lines_read += 1
         engine = engines.setdefault(labels.get("engine", "0"), _Engine())
         if model_name is None and "model_name" in labels:
@@ -375,6 +379,8 @@ class MetricsClient:
             raise ScrapeError("refused", f"{url}: connection refused ({error})") from None
         except httpx.TimeoutException:
             raise ScrapeError("timeout", f"{url}: no answer within the timeout") from None
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as error:
+            raise ScrapeError("invalid_url", f"{url}: not a usable URL ({error})") from None
         except httpx.HTTPError as error:
             raise ScrapeError("error", f"{url}: {type(error).__name__}: {error}") from None
         if response.status_code != 200:
@@ -385,7 +391,7 @@ class MetricsClient:
         """``/health``'s status code (200 up, 503 engine dead), ``None`` when unreachable."""
         try:
             return self._client.get(f"{self.base_url}/health").status_code
-        except httpx.HTTPError:
+        except (httpx.HTTPError, httpx.InvalidURL):
             return None
 
     def close(self) -> None:
