@@ -1,0 +1,494 @@
+"""`tunerd sim serve` as real processes on loopback, at a high time scale.
+
+The stories of DESIGN §6: the seed's config survives the seed's load and 0.97 does not; a
+growing neighbour kills a greedy engine; a small pool saturates; start-up fails with vLLM's
+own texts; SIGTERM drains. tunerd's own readers (`parse`, `diagnose`) read the simulator's
+page and log with the same checks they pass on the real vLLM's recordings.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tunerd.sources.engine_log import diagnose
+from tunerd.sources.vllm_metrics import MetricsSnapshot, parse
+
+pytestmark = pytest.mark.slow
+RECORDED = Path(__file__).parents[1] / "data" / "vllm"
+SCALE = "50"
+FAST = ["--time-scale", SCALE, "--sim-startup-seconds", "10"]
+SEED_MODEL = ["--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "rtx4090"]
+SEED_CONFIG = [
+    "--gpu-memory-utilization",
+    "0.92",
+    "--max-model-len",
+    "32768",
+    "--max-num-seqs",
+    "8",
+    "--max-num-batched-tokens",
+    "2048",
+    "--kv-cache-dtype",
+    "fp8",
+]
+GREEDY_CONFIG = [
+    "--gpu-memory-utilization",
+    "0.97",
+    "--max-model-len",
+    "32768",
+    "--max-num-seqs",
+    "16",
+    "--max-num-batched-tokens",
+    "8192",
+    "--kv-cache-dtype",
+    "float16",
+]
+GIB = 1024**3
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Sim:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10)
+
+    def log_lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        return self.process.wait(timeout=timeout)
+
+
+@contextmanager
+def sim(tmp_path: Path, *args: str, wait_ready: bool = True) -> Iterator[Sim]:
+    port = _free_port()
+    log = tmp_path / f"sim-{port}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tunerd",
+                "sim",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *FAST,
+                *args,
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    handle = Sim(process, f"http://127.0.0.1:{port}", log)
+    try:
+        if wait_ready:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if process.poll() is not None:
+                    raise AssertionError(f"sim exited {process.returncode}:\n{log.read_text()}")
+                try:
+                    if handle.get("/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"sim did not come up:\n{log.read_text()}")
+        yield handle
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def load(
+    url: str,
+    *,
+    concurrency: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    requests: int | None = None,
+    duration: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    stop = ["--requests", str(requests)] if requests is not None else ["--duration", str(duration)]
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunerd",
+            "sim",
+            "load",
+            "--url",
+            url,
+            "--concurrency",
+            str(concurrency),
+            "--prompt-tokens",
+            str(prompt_tokens),
+            "--max-tokens",
+            str(max_tokens),
+            *stop,
+            "--timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def check_page(snapshot: MetricsSnapshot) -> None:
+    """The checks tunerd needs of any vLLM page, real or simulated."""
+    assert snapshot.ok, snapshot.problems
+    assert snapshot.engine_count == 1
+    assert snapshot.model_name
+    assert isinstance(snapshot.kv_cache_size_tokens, int)
+    assert snapshot.kv_cache_size_tokens > 0
+    assert snapshot.kv_cache_usage is not None
+    assert 0.0 <= snapshot.kv_cache_usage <= 1.0
+    assert snapshot.num_requests_waiting_capacity is not None
+    assert snapshot.gpu_memory_utilization is not None
+    for counter in ("num_preemptions_total", "prompt_tokens_total", "generation_tokens_total"):
+        assert getattr(snapshot, counter) is not None
+
+
+def check_startup_log(lines: list[str]) -> None:
+    result = diagnose(lines)
+    assert result.crash is None
+    assert result.ready
+    assert result.kv_cache_size_tokens
+    assert result.max_concurrency
+    assert result.max_model_len
+
+
+def engine_bytes(gpu: dict[str, Any], pid: int) -> int:
+    return sum(p["used_bytes"] for p in gpu["gpus"][0]["processes"] if p["pid"] == pid)
+
+
+def test_same_checks_pass_on_the_real_vllm_recordings() -> None:
+    """The reference for the checks below: they hold for the real vLLM's page and log."""
+    check_page(parse((RECORDED / "metrics-0.32-load.txt").read_text()))
+    check_startup_log((RECORDED / "startup-ok-0.32.log").read_text().splitlines())
+
+
+def test_seed_config_serves_the_seed_load(tmp_path: Path) -> None:
+    """4 × 28K-token prompts, 512 tokens out, on the seed's working config: no OOM."""
+    with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG) as engine:
+        result = load(engine.url, concurrency=4, prompt_tokens=28_000, max_tokens=512, requests=8)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "requests: 8 ok, 0 failed" in result.stdout
+        assert engine.get("/health").status_code == 200
+        page = parse(engine.get("/metrics").text)
+        check_page(page)
+        assert page.generation_tokens_total == 8 * 512
+        gpu = engine.get("/sim/gpu").json()
+        assert gpu["gpus"][0]["memory_free_bytes"] > GIB  # the seed's slack is still there
+        check_startup_log(engine.log_lines())
+
+
+def test_greedy_config_ratchets_then_ooms(tmp_path: Path) -> None:
+    """0.97 utilization, fp16 KV, 16 seqs, 8192 batched tokens under the same load: the
+    engine's memory steps up, then it dies of a CUDA OOM within a few simulated minutes."""
+    with sim(tmp_path, *SEED_MODEL, *GREEDY_CONFIG) as engine:
+        samples: list[int] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                try:
+                    samples.append(engine_bytes(engine.get("/sim/gpu").json(), engine.process.pid))
+                except (httpx.HTTPError, ValueError):
+                    return
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        result = load(engine.url, concurrency=4, prompt_tokens=28_000, max_tokens=512, duration="20s")
+        stop.set()
+        watcher.join()
+        assert result.returncode == 1  # requests failed
+        assert engine.wait_exit() == 1
+        lines = engine.log_lines()
+    crash = diagnose(lines).crash
+    assert crash is not None
+    assert (crash.kind, crash.phase) == ("cuda_oom", "runtime")
+    assert crash.tried_to_allocate_bytes
+    assert crash.other_processes == ((4_194_305, 300 * 1024**2),)  # the display server
+    assert max(samples) > samples[0]  # the ratchet: a step up before it died
+
+
+def test_growing_neighbour_kills_greedy_engine_and_is_named(tmp_path: Path) -> None:
+    with sim(
+        tmp_path,
+        *SEED_MODEL,
+        "--gpu-memory-utilization",
+        "0.95",
+        "--max-model-len",
+        "32768",
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "2048",
+        "--kv-cache-dtype",
+        "fp8",
+        "--sim-neighbor",
+        "256MiB@0s+1GiB/1m:notebook",
+    ) as engine:
+        load(engine.url, concurrency=4, prompt_tokens=20_000, max_tokens=256, duration="15s")
+        assert engine.wait_exit() == 1
+        lines = engine.log_lines()
+    crash = diagnose(lines).crash
+    assert crash is not None
+    assert crash.kind == "cuda_oom"
+    assert 4_194_306 in dict(crash.other_processes)  # the notebook that grew
+
+
+def _saturate(tmp_path: Path, max_num_seqs: int) -> MetricsSnapshot:
+    with sim(
+        tmp_path,
+        "--sim-model",
+        "llama-3.1-8b",
+        "--sim-weights",
+        "awq",
+        "--sim-gpu",
+        "h100-80g",
+        "--max-model-len",
+        "16384",
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--max-num-batched-tokens",
+        "8192",
+        "--kv-cache-memory-bytes",
+        str(6 * GIB),
+    ) as engine:
+        peak: MetricsSnapshot | None = None
+        done = threading.Event()
+
+        def drive() -> None:
+            load(engine.url, concurrency=12, prompt_tokens=8_000, max_tokens=512, requests=24)
+            done.set()
+
+        threading.Thread(target=drive, daemon=True).start()
+        while not done.is_set():
+            page = parse(engine.get("/metrics").text)
+            if peak is None or (page.kv_cache_usage or 0) >= (peak.kv_cache_usage or 0):
+                peak = page
+            time.sleep(0.05)
+        final = parse(engine.get("/metrics").text)
+    assert peak is not None
+    return MetricsSnapshot(
+        **{
+            **peak.__dict__,
+            "num_preemptions_total": final.num_preemptions_total,
+            "num_requests_waiting_capacity": max(peak.num_requests_waiting_capacity or 0, 0),
+        }
+    )
+
+
+def test_saturation_queues_and_preempts_fewer_seqs_trade_preemptions(tmp_path: Path) -> None:
+    """A 49K-token pool and 12 streams of 8K prompts: usage above 0.85 with requests waiting
+    for capacity and preemptions; fewer max_num_seqs trades preemptions for queueing."""
+    many = _saturate(tmp_path, max_num_seqs=12)
+    assert many.kv_cache_usage is not None
+    assert many.kv_cache_usage > 0.85
+    assert (many.num_requests_waiting_capacity or 0) > 0
+    assert (many.num_preemptions_total or 0) > 0
+    few = _saturate(tmp_path, max_num_seqs=4)
+    assert (few.num_preemptions_total or 0) < (many.num_preemptions_total or 0)
+
+
+def test_startup_figures_agree_with_plan(tmp_path: Path) -> None:
+    plan = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunerd",
+            "plan",
+            "--model",
+            "llama-3.1-8b",
+            "--weights",
+            "awq",
+            "--kv-dtype",
+            "fp8",
+            "--gpu",
+            "rtx4090",
+            "--concurrency",
+            "4",
+            "--context",
+            "32768",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    planned = json.loads(plan.stdout)
+    with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG) as engine:
+        figures = diagnose(engine.log_lines())
+    assert planned["vllm_args"] == [*SEED_CONFIG[:8], "--enable-chunked-prefill", *SEED_CONFIG[8:]]
+    assert figures.kv_cache_size_tokens == planned["predicted_kv_cache_tokens"]
+    assert figures.max_concurrency == planned["predicted_max_concurrency"]
+    assert figures.model_loading_gib == round(planned["weights_bytes"] / GIB, 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "kind", "text"),
+    [
+        (
+            ["--sim-model", "llama-3-8b", "--max-model-len", "32768"],
+            "invalid_config",
+            "is greater than the derived max_model_len",
+        ),
+        (
+            [*SEED_MODEL, "--max-model-len", "32768", "--kv-cache-memory-bytes", str(GIB)],
+            "max_model_len_exceeds_kv",
+            "estimated maximum model length is",
+        ),
+        (
+            [*SEED_MODEL, "--gpu-memory-utilization", "0.92", "--sim-neighbor", "3GiB@0s"],
+            "insufficient_free_memory",
+            "less than desired GPU memory utilization",
+        ),
+        (
+            ["--sim-model", "llama-3.1-8b", "--sim-gpu", "rtx3090", "--gpu-memory-utilization", "0.65"],
+            "no_kv_cache_memory",
+            "No available memory for the cache blocks",
+        ),
+    ],
+)
+def test_startup_failures_use_vllms_texts(tmp_path: Path, args: list[str], kind: str, text: str) -> None:
+    with sim(tmp_path, *args, wait_ready=False) as engine:
+        assert engine.wait_exit() == 1
+        lines = engine.log_lines()
+    assert any(text in line for line in lines)
+    crash = diagnose(lines, exit_code=1).crash
+    assert crash is not None
+    assert (crash.kind, crash.phase) == (kind, "startup")
+
+
+def test_unknown_flag_fails_like_vllms_parser(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tunerd", "sim", "serve", "--swap-space", "4"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    # `4` is taken as the positional model, as vLLM's own parser does (recorded in
+    # tests/data/vllm/startup-fail-unrecognized-0.32.log)
+    assert "error: unrecognized arguments: --swap-space" in result.stderr
+    crash = diagnose(result.stderr.splitlines(), exit_code=2).crash
+    assert crash is not None
+    assert crash.kind == "invalid_config"
+
+
+def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
+    with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG, "--shutdown-timeout", "600") as engine:
+        answers: list[int] = []
+
+        def one() -> None:
+            response = httpx.post(
+                engine.url + "/v1/completions",
+                json={"prompt_tokens": 20_000, "max_tokens": 4000, "ignore_eos": True},
+                timeout=60,
+            )
+            answers.append(response.status_code)
+
+        client = threading.Thread(target=one)
+        client.start()
+        time.sleep(0.3)
+        engine.process.send_signal(signal.SIGTERM)
+        client.join(timeout=60)
+        assert engine.wait_exit() == 0
+        lines = engine.log_lines()
+    assert answers == [200]
+    assert any("draining in-flight requests count=1" in line for line in lines)
+    result = diagnose(lines, exit_code=0)
+    assert result.shutdown_requested
+    assert result.crash is None
+
+
+def test_health_is_503_once_dead(tmp_path: Path) -> None:
+    with sim(tmp_path, *SEED_MODEL, *GREEDY_CONFIG, "--sim-drift", "50GiB/h") as engine:
+        deadline = time.monotonic() + 20
+        status = 200
+        while time.monotonic() < deadline and status == 200:
+            try:
+                status = engine.get("/health").status_code
+            except httpx.HTTPError:
+                break
+            time.sleep(0.02)
+        assert status == 503
+        assert engine.wait_exit() == 1
+
+
+def test_sim_gpu_is_the_inspect_gpu_object(tmp_path: Path) -> None:
+    with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG) as engine:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tunerd",
+                "inspect",
+                "gpu",
+                "--source",
+                "sim",
+                "--url",
+                engine.url,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        raw = engine.get("/sim/gpu").json()
+        clock = engine.get("/sim/clock").json()
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)["gpus"][0]
+    assert set(raw["gpus"][0]) == {
+        "index",
+        "uuid",
+        "name",
+        "memory_total_bytes",
+        "memory_used_bytes",
+        "memory_free_bytes",
+        "memory_reserved_bytes",
+        "utilization_ratio",
+        "processes",
+    }
+    assert seen["memory_total_bytes"] == raw["gpus"][0]["memory_total_bytes"] == 24564 * 1024**2
+    assert raw["gpus"][0]["memory_reserved_bytes"] == (24564 - 24084) * 1024**2
+    assert clock["time_scale"] == float(SCALE)
+    assert isinstance(raw["time"], float)

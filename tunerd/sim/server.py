@@ -1,0 +1,722 @@
+"""``tunerd sim serve``: the simulated engine behind vLLM's HTTP API, on a simulated clock.
+
+The engine (:mod:`tunerd.sim.engine`) is pure; this module gives it a clock, a thread that
+runs its steps, an HTTP server with vLLM's endpoints (plus ``/sim/gpu`` and ``/sim/clock``),
+a Prometheus registry with vLLM 0.33's metric names, and vLLM's log lines on stderr.
+
+Simulated time is the process's monotonic time multiplied by ``--time-scale`` (start-up,
+steps, drift, neighbours and ``--shutdown-timeout`` all follow it). Like vLLM, the port opens
+only when start-up has finished; a CUDA OOM kills the engine (``/health`` answers 503 for a
+few seconds, then the process exits 1); SIGTERM drains requests in flight for up to
+``--shutdown-timeout`` and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import IO, Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tunerd.planner.bills import VLLM_KV_DTYPE
+from tunerd.sim.engine import CudaOutOfMemory, Request, SimEngine, StartupFailure
+from tunerd.sim.logtext import VLLM_VERSION, LogFormat, gib, oom_lines, startup_failure_lines
+
+__all__ = ["ServeOptions", "SimClock", "SimServer"]
+
+#: Histogram buckets of vLLM 0.33 (reference/vllm-facts.md §1).
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL, in simulated seconds
+DEATH_LINGER_S = 5.0  # the API server's watchdog notices a dead engine within 5 s
+
+
+class SimClock:
+    """Simulated seconds since start: monotonic wall time × ``scale``."""
+
+    def __init__(self, scale: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.scale = scale
+        self._monotonic = monotonic
+        self._start = monotonic()
+
+    def now(self) -> float:
+        return (self._monotonic() - self._start) * self.scale
+
+    def sleep(self, simulated_seconds: float) -> None:
+        if simulated_seconds > 0:
+            time.sleep(simulated_seconds / self.scale)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str
+    port: int
+    served_model_name: str
+    model: str
+    shutdown_timeout: float
+    startup_seconds: float
+    non_default_args: dict[str, Any]
+
+
+class _Metrics(Collector):
+    """vLLM 0.33's gauges and counters, read from the engine at scrape time."""
+
+    def __init__(self, server: SimServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Any]:
+        server = self._server
+        engine = server.engine
+        labels = ["engine", "model_name"]
+        values = ["0", server.options.served_model_name]
+        with server.lock:
+            running = len(engine.running)
+            waiting = len(engine.waiting)
+            usage = engine.kv_cache_usage
+            counters = (engine.preemptions_total, engine.prompt_tokens_total, engine.generation_tokens_total)
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            yield family
+        by_reason = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of requests waiting, by reason.",
+            labels=[*labels, "reason"],
+        )
+        by_reason.add_metric([*values, "capacity"], waiting)
+        by_reason.add_metric([*values, "deferred"], 0)
+        yield by_reason
+        for name, doc, value in zip(
+            ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens"),
+            (
+                "Cumulative number of preemption from the engine.",
+                "Number of prefill tokens processed.",
+                "Number of generation tokens processed.",
+            ),
+            counters,
+            strict=True,
+        ):
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            counter.add_metric(values, value)
+            yield counter
+        info = server.cache_config_labels()
+        cache = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=sorted(info)
+        )
+        cache.add_metric([info[key] for key in sorted(info)], 1)
+        yield cache
+
+
+class SimServer:
+    """One simulated vLLM engine: start-up, serving, death and drain."""
+
+    def __init__(
+        self,
+        engine_factory: Callable[[float], SimEngine],
+        options: ServeOptions,
+        clock: SimClock,
+        log_stream: IO[str] = sys.stderr,
+    ) -> None:
+        self._engine_factory = engine_factory
+        self.options = options
+        self.clock = clock
+        self.pid = os.getpid()
+        self.log = LogFormat(api_pid=self.pid, engine_pid=self.pid)
+        self._stream = log_stream
+        self.lock = threading.Condition()
+        self.engine: SimEngine = None  # type: ignore[assignment]  # set by run()
+        self._requests: dict[str, Request] = {}
+        self._stopping = threading.Event()
+        self._draining = False
+        self.exit_code = 0
+        self.registry = CollectorRegistry(auto_describe=False)
+        labels = ["engine", "model_name"]
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            labels,
+            buckets=REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            labels,
+            buckets=REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.httpd: ThreadingHTTPServer | None = None
+
+    # -- logging --------------------------------------------------------------------------
+    def emit(self, *lines: str) -> None:
+        for line in lines:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+    # -- start-up -------------------------------------------------------------------------
+    def _start(self) -> bool:
+        options = self.options
+        self.emit(self.log.line(f"vLLM API server version {VLLM_VERSION} (tunerd simulator)"))
+        self.emit(self.log.line(f"non-default args: {options.non_default_args}", source="api_utils.py:286"))
+        try:
+            self.engine = self._engine_factory(self.clock.now())
+        except StartupFailure as failure:
+            if failure.kind == "invalid_config":
+                self.emit(*(self.log.line(line, level="ERROR") for line in failure.lines))
+            else:
+                self.clock.sleep(options.startup_seconds * 0.5)  # it loads and profiles first
+                self.emit(*startup_failure_lines(self.log, failure.lines))
+            return False
+        engine = self.engine
+        self.emit(
+            self.log.engine(
+                f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: "
+                f"model='{options.model}', max_seq_len={engine.max_model_len}, "
+                f"kv_cache_dtype={engine.settings.kv_cache_dtype}"
+            )
+        )
+        self.clock.sleep(options.startup_seconds * 0.4)
+        self.emit(
+            self.log.engine(
+                f"Model loading took {gib(engine.weights.bytes)} GiB memory and "
+                f"{options.startup_seconds * 0.4:.6f} seconds",
+                source="gpu_model_runner.py:5089",
+            )
+        )
+        self.clock.sleep(options.startup_seconds * 0.2)
+        if not engine.settings.enforce_eager:
+            self.emit(
+                self.log.engine(
+                    f"Estimated CUDA graph memory: {engine.runtime.cuda_graph_bytes / 1024**3:.2f} GiB total",
+                    source="gpu_model_runner.py:6410",
+                )
+            )
+        if engine.settings.kv_cache_memory_bytes is not None:
+            self.emit(
+                self.log.engine(
+                    f"reserved {gib(engine.pool.available_bytes)} GiB memory for KV Cache as specified by "
+                    f"kv_cache_memory_bytes config and skipped memory profiling.",
+                    source="gpu_worker.py:300",
+                )
+            )
+        else:
+            self.emit(
+                self.log.engine(
+                    f"Available KV cache memory: {gib(engine.pool.available_bytes)} GiB",
+                    source="gpu_worker.py:773",
+                )
+            )
+        self.emit(
+            self.log.engine(
+                f"GPU KV cache size: {engine.pool.tokens:,} tokens, Maximum concurrency for "
+                f"{engine.max_model_len:,} tokens per request: {engine.pool.max_concurrency:.2f}x",
+                source="kv_cache_utils.py:1148",
+            )
+        )
+        self.clock.sleep(options.startup_seconds * 0.4)
+        if not engine.settings.enforce_eager:
+            self.emit(
+                self.log.engine(
+                    f"Graph capturing finished in {options.startup_seconds * 0.3:.0f} secs, took "
+                    f"{engine.runtime.cuda_graph_bytes / 1024**3:.2f} GiB",
+                    source="gpu_model_runner.py:6517",
+                )
+            )
+        self.emit(
+            self.log.engine(
+                f"init engine (profile, create kv cache, warmup model) took "
+                f"{options.startup_seconds:.2f} seconds",
+                source="core.py:402",
+            )
+        )
+        return True
+
+    # -- serving --------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        with self.lock:
+            self._requests[request.id] = request
+            self.engine.submit(request)
+            self.lock.notify_all()
+
+    def _engine_loop(self) -> None:
+        next_stats = self.clock.now() + STATS_INTERVAL_S
+        last_prompt = last_generation = 0
+        while not self._stopping.is_set():
+            duration = 0.0
+            with self.lock:
+                now = self.clock.now()
+                try:
+                    self.engine.tick(now)
+                    result = self.engine.step(now) if self.engine.has_work else None
+                except CudaOutOfMemory as oom:
+                    self._die(oom)
+                    return
+                if result is not None:
+                    duration = result.duration
+                    for request in result.finished:
+                        self._observe(request)
+                    self.lock.notify_all()
+                if now >= next_stats:
+                    engine = self.engine
+                    elapsed = STATS_INTERVAL_S
+                    prompt_rate = (engine.prompt_tokens_total - last_prompt) / elapsed
+                    generation_rate = (engine.generation_tokens_total - last_generation) / elapsed
+                    self.emit(
+                        self.log.line(
+                            f"Engine 000: Avg prompt throughput: {prompt_rate:.1f} tokens/s, Avg generation "
+                            f"throughput: {generation_rate:.1f} tokens/s, "
+                            f"Running: {len(engine.running)} reqs, "
+                            f"Waiting: {len(engine.waiting)} reqs, GPU KV cache usage: "
+                            f"{engine.kv_cache_usage * 100:.1f}%, Prefix cache hit rate: 0.0%",
+                            source="loggers.py:257",
+                        )
+                    )
+                    last_prompt, last_generation = engine.prompt_tokens_total, engine.generation_tokens_total
+                    next_stats = now + STATS_INTERVAL_S
+            self.clock.sleep(duration if duration > 0 else 0.05 * self.clock.scale / 20)
+
+    def _observe(self, request: Request) -> None:
+        labels = ("0", self.options.served_model_name)
+        if request.first_token_at is not None:
+            self.ttft.labels(*labels).observe(request.first_token_at - request.arrival)
+        if request.finished_at is not None:
+            self.e2e.labels(*labels).observe(request.finished_at - request.arrival)
+        if request.scheduled_at is not None:
+            self.queue.labels(*labels).observe(request.scheduled_at - request.arrival)
+
+    def _die(self, oom: CudaOutOfMemory) -> None:
+        """Called with the lock held: print vLLM's OOM text, fail everything, exit soon."""
+        self.emit(*oom_lines(self.log, oom))
+        self.engine.abort_all("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+        self.lock.notify_all()
+        self.exit_code = 1
+        threading.Thread(target=self._exit_after_death, daemon=True).start()
+
+    def _exit_after_death(self) -> None:
+        self.clock.sleep(DEATH_LINGER_S)
+        self.emit(
+            self.log.line(
+                "[shutdown] API server: engine dead, shutting down", level="ERROR", source="launcher.py:110"
+            )
+        )
+        self._shutdown_http()
+
+    def cache_config_labels(self) -> dict[str, str]:
+        engine = self.engine
+        settings = engine.settings
+        memory_bytes = settings.kv_cache_memory_bytes
+        return {
+            "block_size": "16",
+            "user_specified_block_size": "None",
+            "kv_cache_layout": "None",
+            "gpu_memory_utilization": str(settings.gpu_memory_utilization),
+            "cache_dtype": VLLM_KV_DTYPE.get(settings.kv_cache_dtype, settings.kv_cache_dtype),
+            "is_attention_free": "False",
+            "num_gpu_blocks_override": "None",
+            "sliding_window": "None",
+            "enable_prefix_caching": str(settings.enable_prefix_caching),
+            "prefix_caching_hash_algo": "sha256",
+            "num_gpu_blocks": str(engine.num_blocks),
+            "num_cpu_blocks": "None",
+            "kv_cache_size_tokens": str(int(engine.pool.max_concurrency * engine.max_model_len)),
+            "kv_cache_max_concurrency": str(round(engine.pool.max_concurrency, 2)),
+            "kv_cache_memory_bytes": str(memory_bytes) if memory_bytes is not None else "None",
+            "kv_sharing_fast_prefill": "False",
+            "engine": "0",
+        }
+
+    # -- HTTP -----------------------------------------------------------------------------
+    def _shutdown_http(self) -> None:
+        self._stopping.set()
+        if self.httpd is not None:
+            threading.Thread(target=self.httpd.shutdown, daemon=True).start()
+
+    def drain(self) -> None:
+        """SIGTERM: refuse new requests, finish those in flight within the timeout, stop."""
+        if self._draining:
+            return
+        self._draining = True
+        threading.Thread(target=self._drain, daemon=True, name="tunerd-sim-drain").start()
+
+    def _drain(self) -> None:
+        timeout = self.options.shutdown_timeout
+        with self.lock:
+            count = len(self.engine.running) + len(self.engine.waiting) if self.engine else 0
+        self.emit(
+            self.log.line("[shutdown] API server: shutdown triggered", source="launcher.py:254"),
+            self.log.line(
+                f"[shutdown] API server: stopping engine client mode="
+                f"{'drain' if timeout > 0 else 'abort'} timeout={timeout:g}s",
+                source="launcher.py:270",
+            ),
+            self.log.engine("[shutdown] EngineCore: trigger received signal=SIGTERM", source="core.py:1454"),
+        )
+        if timeout > 0 and count:
+            self.emit(
+                self.log.engine(
+                    f"[shutdown] EngineCore: draining in-flight requests count={count} timeout={timeout:g}s",
+                    source="core.py:1655",
+                )
+            )
+            deadline = self.clock.now() + timeout
+            with self.lock:
+                while self.engine.has_work and self.clock.now() < deadline and not self.engine.dead:
+                    self.lock.wait(timeout=0.05)
+        with self.lock:
+            if self.engine is not None and self.engine.has_work:
+                self.engine.abort_all("the server is shutting down")
+            self.lock.notify_all()
+        self.emit(
+            self.log.engine(
+                "[shutdown] EngineCore: request processing complete; starting resource teardown",
+                source="core.py:1666",
+            )
+        )
+        self._shutdown_http()
+
+    def run(self) -> int:
+        """Start (or fail like vLLM), serve until death or SIGTERM; the process exit code."""
+        signal.signal(signal.SIGTERM, lambda *_: self.drain())
+        signal.signal(signal.SIGINT, lambda *_: self.drain())
+        if not self._start():
+            return 1
+        self.registry.register(_Metrics(self))
+        handler = type("Handler", (_Handler,), {"server_ref": self})
+        try:
+            self.httpd = ThreadingHTTPServer((self.options.host, self.options.port), handler)
+        except OSError as error:
+            self.emit(
+                self.log.line(
+                    f"OSError: [Errno {error.errno}] {error.strerror}: could not bind "
+                    f"{self.options.host}:{self.options.port}",
+                    level="ERROR",
+                )
+            )
+            return 1
+        self.httpd.daemon_threads = True
+        loop = threading.Thread(target=self._engine_loop, name="tunerd-sim-engine", daemon=True)
+        loop.start()
+        self.emit(
+            self.log.line(
+                f"Starting vLLM server on http://{self.options.host}:{self.options.port}",
+                source="entry.py:140",
+            )
+        )
+        self.emit("INFO:     Application startup complete.")
+        self.httpd.serve_forever(poll_interval=0.1)
+        self._stopping.set()
+        loop.join(timeout=5)
+        self.httpd.server_close()
+        self.emit("INFO:     Shutting down" if self.exit_code == 0 else "INFO:     Finished server process")
+        return self.exit_code
+
+    # -- request handling (called from HTTP threads) --------------------------------------
+    def completion(
+        self, body: dict[str, Any], write_event: Callable[[dict[str, Any] | None], None] | None
+    ) -> tuple[int, dict[str, Any]]:
+        """Run one /v1/completions request; with ``write_event`` stream it (SSE chunks)."""
+        if self._draining or self.engine.dead:
+            return 503, _error(
+                "The server is shutting down."
+                if self._draining
+                else "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "ServiceUnavailableError",
+                503,
+            )
+        try:
+            prompt_tokens = _prompt_tokens(body)
+            max_tokens = int(body.get("max_tokens", 16))
+        except (TypeError, ValueError) as error:
+            return 400, _error(str(error), "BadRequestError", 400)
+        limit = self.engine.max_model_len
+        if prompt_tokens + max_tokens > limit:
+            return 400, _error(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
+                f"completion). Please reduce the length of the messages or completion.",
+                "BadRequestError",
+                400,
+            )
+        logprobs = body.get("prompt_logprobs")
+        request = Request(
+            id=f"cmpl-{uuid.uuid4().hex[:16]}",
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            arrival=self.clock.now(),
+            ignore_eos=bool(body.get("ignore_eos", False)),
+            prompt_logprobs=int(logprobs) if logprobs is not None else None,
+        )
+        self.submit(request)
+        sent = 0
+        with self.lock:
+            while not request.done and request.error is None:
+                self.lock.wait(timeout=0.5)
+                if write_event is not None and request.generated > sent:
+                    text = " tok" * (request.generated - sent)
+                    sent = request.generated
+                    self.lock.release()
+                    try:
+                        write_event(self._chunk(request, text, None))
+                    finally:
+                        self.lock.acquire()
+            self._requests.pop(request.id, None)
+        if request.error is not None:
+            return 500, _error(request.error, "InternalServerError", 500)
+        if write_event is not None:
+            if request.generated > sent:
+                write_event(self._chunk(request, " tok" * (request.generated - sent), None))
+            write_event(self._chunk(request, "", request.finish_reason))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                write_event(
+                    {
+                        "id": request.id,
+                        "object": "text_completion",
+                        "created": int(time.time()),
+                        "model": self.options.served_model_name,
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": request.prompt_tokens,
+                            "completion_tokens": request.generated,
+                            "total_tokens": request.prompt_tokens + request.generated,
+                        },
+                    }
+                )
+            write_event(None)
+            return 200, {}
+        return 200, {
+            "id": request.id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.options.served_model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": " tok" * request.generated,
+                    "logprobs": None,
+                    "finish_reason": request.finish_reason,
+                    "stop_reason": None,
+                    "prompt_logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": request.prompt_tokens,
+                "completion_tokens": request.generated,
+                "total_tokens": request.prompt_tokens + request.generated,
+            },
+        }
+
+    def _chunk(self, request: Request, text: str, finish: str | None) -> dict[str, Any]:
+        return {
+            "id": request.id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.options.served_model_name,
+            "choices": [
+                {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+            ],
+        }
+
+    def gpu_object(self) -> dict[str, Any]:
+        with self.lock:
+            now = self.clock.now()
+            sample = self.engine.gpu_sample(now)
+        gpu = sample.to_dict()
+        gpu.pop("status")
+        gpu.pop("error")
+        return {"gpus": [gpu], "time": now}
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    """Tokens in the request: ``prompt_tokens`` (the simulator's load-test shortcut), a list of
+    token ids, or text, where each whitespace-separated word counts as one token."""
+    if "prompt_tokens" in body:
+        count = int(body["prompt_tokens"])
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            prompt = prompt[0] if prompt and isinstance(prompt[0], str) else prompt
+        if isinstance(prompt, list):
+            count = len(prompt)
+        elif isinstance(prompt, str):
+            count = len(prompt.split())
+        else:
+            raise ValueError("prompt must be a string, a list of token ids, or give prompt_tokens")
+    if count < 1:
+        raise ValueError("the prompt must hold at least one token")
+    return count
+
+
+def _error(message: str, kind: str, code: int) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_ref: SimServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.path not in {"/metrics", "/health", "/sim/gpu", "/sim/clock"}:
+            self.server_ref.emit(
+                f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" '
+                f"{args[1] if len(args) > 1 else ''}"
+            )
+
+    def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, data: Any) -> None:
+        self._send(status, json.dumps(data).encode())
+
+    def do_GET(self) -> None:
+        server = self.server_ref
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        if path in {"/health", "/ping"}:
+            self._send(503 if server.engine.dead else 200, b"", "text/plain")
+        elif path == "/metrics":
+            self._send(200, generate_latest(server.registry), "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/version":
+            self._json(200, {"version": VLLM_VERSION})
+        elif path == "/v1/models":
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": server.options.served_model_name,
+                            "object": "model",
+                            "created": int(time.time()),
+                            "owned_by": "vllm",
+                            "root": server.options.model,
+                            "parent": None,
+                            "max_model_len": server.engine.max_model_len,
+                        }
+                    ],
+                },
+            )
+        elif path == "/sim/gpu":
+            self._json(200, server.gpu_object())
+        elif path == "/sim/clock":
+            self._json(200, {"time": server.clock.now(), "time_scale": server.clock.scale})
+        elif path == "/load":
+            self._json(200, {"server_load": len(server._requests)})
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path != "/v1/completions":
+            self._json(404, {"detail": "Not Found"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("expected a JSON object")
+        except (ValueError, json.JSONDecodeError) as error:
+            self._json(400, _error(f"invalid JSON body: {error}", "BadRequestError", 400))
+            return
+        if body.get("stream"):
+            self._stream(body)
+            return
+        status, data = self.server_ref.completion(body, None)
+        self._json(status, data)
+
+    def _stream(self, body: dict[str, Any]) -> None:
+        started = False
+
+        def write_event(event: dict[str, Any] | None) -> None:
+            nonlocal started
+            if not started:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                started = True
+            payload = (
+                b"data: [DONE]\n\n" if event is None else b"data: " + json.dumps(event).encode() + b"\n\n"
+            )
+            self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+            if event is None:
+                self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+        status, data = self.server_ref.completion(body, write_event)
+        if not started:
+            self._json(status, data)
+        elif status != 200:
+            # Headers are gone: report the failure as an error event, as vLLM does mid-stream.
+            error = json.dumps({"error": data}).encode()
+            payload = b"data: " + error + b"\n\n"
+            self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n0\r\n\r\n")
