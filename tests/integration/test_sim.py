@@ -213,6 +213,26 @@ def test_seed_config_serves_the_seed_load(tmp_path: Path) -> None:
         gpu = engine.get("/sim/gpu").json()
         assert gpu["gpus"][0]["memory_free_bytes"] > GIB  # the seed's slack is still there
         check_startup_log(engine.log_lines())
+        # The command-line readers an operator would use, on the simulator's page and log.
+        inspect_metrics = subprocess.run(
+            [sys.executable, "-m", "tunerd", "inspect", "metrics", engine.url, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        inspect_log = subprocess.run(
+            [sys.executable, "-m", "tunerd", "inspect", "log", str(engine.log), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert inspect_metrics.returncode == 0, inspect_metrics.stderr
+    assert json.loads(inspect_metrics.stdout)["generation_tokens_total"] == 8 * 512
+    assert inspect_log.returncode == 0
+    assert json.loads(inspect_log.stdout)["crash"] is None
+    assert json.loads(inspect_log.stdout)["kv_cache_size_tokens"] == 259_136
 
 
 def test_greedy_config_ratchets_then_ooms(tmp_path: Path) -> None:

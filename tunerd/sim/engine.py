@@ -306,13 +306,12 @@ class SimEngine:
         settings = self.settings
         blocks_per_request = sequence_blocks(self.shape, self.max_model_len, settings.max_num_batched_tokens)
         non_kv = self.weights.bytes + self.profiled.bytes + self.runtime.inside_budget_bytes
+        total, utilization = self.gpu.cuda_total_bytes, settings.gpu_memory_utilization
         if settings.kv_cache_memory_bytes is not None:
             # vLLM skips profiling-based sizing and takes the bytes as given.
-            utilization = (settings.kv_cache_memory_bytes + non_kv) / self.gpu.cuda_total_bytes
-        else:
-            utilization = settings.gpu_memory_utilization
+            total, utilization = non_kv + settings.kv_cache_memory_bytes, 1.0
         pool = kv_pool(
-            total_bytes=self.gpu.cuda_total_bytes,
+            total_bytes=total,
             gpu_memory_utilization=utilization,
             non_kv_bytes=non_kv,
             bytes_per_token=self.kv_bytes_per_token,
