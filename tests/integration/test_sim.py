@@ -344,6 +344,7 @@ def test_saturation_queues_and_preempts_fewer_seqs_trade_preemptions(tmp_path: P
     assert (many.num_preemptions_total or 0) > 0
     few = _saturate(tmp_path, max_num_seqs=4)
     assert (few.num_preemptions_total or 0) < (many.num_preemptions_total or 0)
+    assert (few.num_requests_waiting_capacity or 0) > 0  # the rest queue instead
 
 
 def test_startup_figures_agree_with_plan(tmp_path: Path) -> None:
