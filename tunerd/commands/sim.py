@@ -12,7 +12,7 @@ import argparse
 import re
 import sys
 
-from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
+from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int, utilization
 from tunerd.planner.bills import WEIGHT_FORMATS
 from tunerd.planner.gpus import GPU_PROFILES, custom_gpu, gpu_profile
 from tunerd.planner.shapes import ModelShape, builtin_model, load_model_config, shape_from_config
@@ -102,16 +102,6 @@ def _neighbour_spec(text: str) -> tuple[int, float, float, str | None]:
     return size, start, growth, match["name"]
 
 
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser(
         "sim",
@@ -140,7 +130,7 @@ def _add_serve(commands: argparse._SubParsersAction[Parser]) -> None:
     vllm.add_argument("--served-model-name", nargs="+", help="the name clients and /metrics use")
     vllm.add_argument("--host", default="0.0.0.0")
     vllm.add_argument("--port", type=int, default=8000)
-    vllm.add_argument("--gpu-memory-utilization", type=_ratio, default=0.92)
+    vllm.add_argument("--gpu-memory-utilization", type=utilization, default=0.92)
     vllm.add_argument("--max-model-len", type=_model_len)
     vllm.add_argument("--max-num-seqs", type=positive_int)
     vllm.add_argument("--max-num-batched-tokens", type=positive_int)
