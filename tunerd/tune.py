@@ -1,0 +1,223 @@
+"""The knobs tunerd may turn, and how a ``tune`` action turns them. Pure.
+
+Only the allowlisted tunables (:data:`TUNABLES`) can change. Each ``tune`` names a knob and an
+operation — ``step_down``/``step_up`` (the knob's ladder), ``halve``/``double``, a signed delta
+(``-0.03``), or an absolute value — and the result is clamped to the engine's bounds. A knob
+without bounds is never tuned; a tune that cannot move (already at its bound, or the ladder's
+end) changes nothing and says why. Default notches follow DESIGN §4.5:
+
+- ``max_num_seqs``: down ``max(1, min(v − 1, ⌊0.75 v⌋))``, up ``max(v + 1, ⌊1.25 v⌋)``
+  (8 → 6 → 4 → 3; 8 → 10);
+- ``max_num_batched_tokens``, ``kv_cache_memory_bytes``, ``max_model_len``: halve / double;
+- ``gpu_memory_utilization``: ∓0.03 in two-decimal arithmetic (0.92 → 0.89, never
+  0.8900000000000001);
+- ``kv_cache_dtype``: down ``auto`` → ``fp8``, up ``fp8`` → ``auto``;
+- booleans (``enable_chunked_prefill``, ``enable_prefix_caching``, ``enforce_eager``): absolute
+  values only.
+
+An engine's ``ladders: {knob: [rungs...]}`` replaces the default notches of that knob: a step
+goes to the next rung below (or above) the current value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "BOOLEAN_TUNABLES",
+    "KV_CACHE_DTYPES",
+    "NUMERIC_TUNABLES",
+    "OPERATIONS",
+    "TUNABLES",
+    "TuneResult",
+    "apply_tune",
+    "settings_diff",
+    "validate_value",
+]
+
+NUMERIC_TUNABLES = (
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_memory_bytes",
+)
+BOOLEAN_TUNABLES = ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager")
+TUNABLES = (*NUMERIC_TUNABLES, "kv_cache_dtype", *BOOLEAN_TUNABLES)
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+OPERATIONS = ("step_down", "step_up", "halve", "double")
+_INTEGER_TUNABLES = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"}
+_HALVING = {"max_num_batched_tokens", "kv_cache_memory_bytes", "max_model_len"}
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """One knob's tune: the value before and after, and why it did or did not move."""
+
+    knob: str
+    before: Any
+    after: Any
+    reason: str
+    forbidden: tuple[Any, ...] = field(default=())
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.after != self.before)
+
+
+def validate_value(knob: str, value: Any) -> str | None:
+    """Why ``value`` is not a valid setting of ``knob`` (None when it is)."""
+    if knob not in TUNABLES:
+        return f"'{knob}' is not a tunable (tunables: {', '.join(TUNABLES)})"
+    if knob in BOOLEAN_TUNABLES:
+        return None if isinstance(value, bool) else f"{knob} takes true or false, got {value!r}"
+    if knob == "kv_cache_dtype":
+        return (
+            None
+            if value in KV_CACHE_DTYPES
+            else f"kv_cache_dtype takes {', '.join(KV_CACHE_DTYPES)}, got {value!r}"
+        )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{knob} takes a number, got {value!r}"
+    if knob == "gpu_memory_utilization":
+        return None if 0 < value <= 1 else f"gpu_memory_utilization must be in (0, 1], got {value}"
+    if knob in _INTEGER_TUNABLES and (not float(value).is_integer() or value < 1):
+        return f"{knob} takes a positive whole number, got {value}"
+    return None
+
+
+def _two_decimals(value: float) -> float:
+    return round(value * 100) / 100
+
+
+def _default_step(knob: str, value: Any, direction: int) -> Any:
+    if knob == "max_num_seqs":
+        return (
+            max(1, min(value - 1, math.floor(0.75 * value)))
+            if direction < 0
+            else max(value + 1, math.floor(1.25 * value))
+        )
+    if knob in _HALVING:
+        return max(1, value // 2) if direction < 0 else value * 2
+    if knob == "gpu_memory_utilization":
+        return _two_decimals((round(value * 100) + 3 * direction) / 100)
+    if knob == "kv_cache_dtype":
+        if direction < 0:
+            return "fp8" if value in {"auto", "float16", "bfloat16"} else value
+        return "auto" if value.startswith("fp8") else value
+    return value  # booleans have no notches
+
+
+def _ladder_step(ladder: Sequence[Any], value: Any, direction: int) -> Any:
+    rungs = sorted(ladder)
+    if direction < 0:
+        lower = [rung for rung in rungs if rung < value]
+        return lower[-1] if lower else value
+    higher = [rung for rung in rungs if rung > value]
+    return higher[0] if higher else value
+
+
+def apply_tune(
+    knob: str,
+    operation: str | int | float | bool,
+    current: Any,
+    bounds: Sequence[Any] | None,
+    *,
+    ladder: Sequence[Any] | None = None,
+    failed: Sequence[Any] = (),
+) -> TuneResult:
+    """The value ``knob`` takes when ``operation`` is applied to ``current``.
+
+    ``operation`` is one of :data:`OPERATIONS`, a signed delta given as a string (``"-0.03"``,
+    ``"+2"``), or an absolute value. ``bounds`` is ``[low, high]`` (None: the knob is never
+    tuned; booleans and ``kv_cache_dtype`` take a list of allowed values). ``failed`` lists
+    values that failed recently: a step up never lands on one.
+    """
+    if knob not in TUNABLES:
+        return TuneResult(knob, current, current, f"'{knob}' is not a tunable")
+    if bounds is None:
+        return TuneResult(knob, current, current, f"{knob} has no bounds for this engine: never tuned")
+    if current is None:
+        return TuneResult(knob, current, current, f"{knob} has no current value")
+    direction = 0
+    if operation in ("step_down", "step_up"):
+        direction = -1 if operation == "step_down" else 1
+        wanted = (
+            _ladder_step(ladder, current, direction) if ladder else _default_step(knob, current, direction)
+        )
+    elif operation in ("halve", "double"):
+        if knob not in NUMERIC_TUNABLES:
+            return TuneResult(knob, current, current, f"{knob} cannot be {operation}d")
+        direction = -1 if operation == "halve" else 1
+        wanted = current / 2 if operation == "halve" else current * 2
+        wanted = max(1, int(wanted)) if knob in _INTEGER_TUNABLES else _two_decimals(wanted)
+    elif isinstance(operation, str) and operation[:1] in "+-" and _is_number(operation[1:]):
+        if knob not in NUMERIC_TUNABLES:
+            return TuneResult(knob, current, current, f"{knob} takes no delta")
+        delta = float(operation)
+        direction = -1 if delta < 0 else 1
+        if knob == "gpu_memory_utilization":
+            wanted = _two_decimals((round(current * 100) + round(delta * 100)) / 100)
+        else:
+            wanted = int(current + delta)
+    else:
+        wanted = operation
+        if (
+            isinstance(wanted, int | float)
+            and not isinstance(wanted, bool)
+            and isinstance(current, int | float)
+        ):
+            direction = -1 if wanted < current else 1
+    problem = validate_value(knob, wanted)
+    if problem is not None:
+        return TuneResult(knob, current, current, problem)
+    if knob not in NUMERIC_TUNABLES and wanted not in bounds:
+        return TuneResult(
+            knob, current, current, f"{knob} {wanted!r} is not among its allowed values {list(bounds)}"
+        )
+    after = _clamp(knob, wanted, bounds)
+    if direction > 0 and after in failed:
+        return TuneResult(
+            knob,
+            current,
+            current,
+            f"{knob} {after} failed recently: not stepped up to again",
+            forbidden=(after,),
+        )
+    if after == current:
+        edge = (
+            "bound"
+            if wanted != after
+            else ("ladder's end" if operation in ("step_down", "step_up") else "value")
+        )
+        return TuneResult(
+            knob, current, current, f"{knob} is already at its {edge} ({current}): nothing to change"
+        )
+    clamped = " (clamped to its bounds)" if after != wanted else ""
+    return TuneResult(knob, current, after, f"{knob} {current} → {after}{clamped}")
+
+
+def _clamp(knob: str, value: Any, bounds: Sequence[Any]) -> Any:
+    if knob not in NUMERIC_TUNABLES:
+        return value  # checked against the allowed values already
+    low, high = bounds[0], bounds[1]
+    clamped = min(max(value, low), high)
+    return int(clamped) if knob in _INTEGER_TUNABLES else _two_decimals(clamped)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def settings_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{knob: (before, after)} for the knobs that differ."""
+    return {
+        knob: (before.get(knob), after.get(knob)) for knob in TUNABLES if before.get(knob) != after.get(knob)
+    }
