@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from tunerd import __version__
-from tunerd.commands import inspect, plan, sim
+from tunerd.commands import inspect, plan, policy, sim
 from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_OK, Parser, UsageError
 from tunerd.planner.shapes import ShapeError
 from tunerd.units import UnitError
@@ -31,6 +31,7 @@ def build_parser() -> Parser:
     )
     plan.register(subparsers)
     inspect.register(subparsers)
+    policy.register(subparsers)
     sim.register(subparsers)
     return parser
 

@@ -131,8 +131,9 @@ def apply_tune(
 ) -> TuneResult:
     """The value ``knob`` takes when ``operation`` is applied to ``current``.
 
-    ``operation`` is one of :data:`OPERATIONS`, a signed delta given as a string (``"-0.03"``,
-    ``"+2"``), or an absolute value. ``bounds`` is ``[low, high]`` (None: the knob is never
+    ``operation`` is one of :data:`OPERATIONS`, a signed delta (a negative number, or a string
+    with its sign: ``-0.03``, ``"+2"`` — YAML drops the ``+`` of an unquoted number), or an
+    absolute value. ``bounds`` is ``[low, high]`` (None: the knob is never
     tuned; booleans and ``kv_cache_dtype`` take a list of allowed values). ``failed`` lists
     values that failed recently: a step up never lands on one.
     """
@@ -154,6 +155,8 @@ def apply_tune(
         direction = -1 if operation == "halve" else 1
         wanted = current / 2 if operation == "halve" else current * 2
         wanted = max(1, int(wanted)) if knob in _INTEGER_TUNABLES else _two_decimals(wanted)
+    elif not isinstance(operation, bool) and isinstance(operation, int | float) and operation < 0:
+        return apply_tune(knob, str(operation), current, bounds, ladder=ladder, failed=failed)
     elif isinstance(operation, str) and operation[:1] in "+-" and _is_number(operation[1:]):
         if knob not in NUMERIC_TUNABLES:
             return TuneResult(knob, current, current, f"{knob} takes no delta")

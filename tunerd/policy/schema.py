@@ -342,6 +342,8 @@ class _Checker:
                 continue
             if operation in OPERATIONS:
                 continue
+            if not isinstance(operation, bool) and isinstance(operation, int | float) and operation < 0:
+                continue  # a negative delta
             if isinstance(operation, str) and operation[:1] in "+-":
                 try:
                     float(operation)

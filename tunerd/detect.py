@@ -1,0 +1,206 @@
+"""Detectors: the derived signals of DESIGN §4.7, pure functions over the store and a time.
+
+Each returns a :class:`Detection`: ``active`` (True; False, also when the series is absent;
+None when readings are missing or too few to say) and the ``evidence`` an operator needs to
+believe it. Windows never span engine
+generations (the store's rule).
+
+- :func:`memory_ratchet` — the engine's memory makes a new high-water mark above its settled
+  level while prompt tokens flow, and stays there (vLLM's caching allocator keeps what it
+  took: the seed's "plateau" as vLLM really shows it). A rise that falls back is not a
+  ratchet (:func:`classify_rises` tells the two shapes apart).
+- :func:`over_budget` — engine memory above ``ceil(utilization × total)``.
+- :func:`neighbour_growth` — other processes on the engine's GPU grew.
+- :func:`pool_saturation` — the KV pool is nearly full *and* requests wait for capacity or
+  get preempted; a full pool with nobody waiting is healthy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunerd.store import Sample, Store
+
+__all__ = [
+    "Detection",
+    "Rise",
+    "classify_rises",
+    "counter_rate",
+    "memory_ratchet",
+    "neighbour_growth",
+    "over_budget",
+    "pool_saturation",
+]
+
+MIB = 1024**2
+#: A ratchet is a step of at least this much (smaller moves are allocator noise).
+RATCHET_MIN_STEP = 64 * MIB
+#: A ratchet counts for this long after its step was confirmed.
+RATCHET_RECENT_S = 60.0
+#: How far back a ratchet's "settled level before" is looked for.
+RATCHET_LOOKBACK_S = 600.0
+
+
+@dataclass(frozen=True)
+class Detection:
+    active: bool | None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rise:
+    """A rise of a memory series: ``step`` if it stayed up, ``transient`` if it fell back."""
+
+    start: float
+    before: float
+    peak: float
+    kind: str  # step | transient | rising (not yet known)
+    end: float | None = None  # when a transient fell back
+
+
+def _present(samples: Sequence[Sample]) -> list[tuple[float, float]]:
+    return [(sample.time, sample.value) for sample in samples if sample.value is not None]
+
+
+def classify_rises(samples: Sequence[Sample], min_step: float = RATCHET_MIN_STEP) -> list[Rise]:
+    """Every rise of at least ``min_step`` above the running high-water mark, and whether it
+    stayed (``step``), fell back below half its height (``transient``) or is too fresh to tell
+    (``rising``: fewer than two samples at the new level)."""
+    points = _present(samples)
+    rises: list[Rise] = []
+    high = None
+    index = 0
+    while index < len(points):
+        time, value = points[index]
+        if high is None:
+            high = value
+            index += 1
+            continue
+        if value - high >= min_step:
+            before = high
+            threshold = before + (value - before) / 2
+            peak = value
+            end = None
+            later = points[index + 1 :]
+            for later_time, later_value in later:
+                if later_value < threshold:
+                    end = later_time
+                    break
+                peak = max(peak, later_value)
+            if end is not None:
+                rises.append(Rise(time, before, peak, "transient", end))
+                # skip to where it fell back; the high-water mark stays where it was
+                index = next(i for i, (t, _) in enumerate(points) if t == end)
+                continue
+            kind = "step" if len(later) >= 1 else "rising"
+            rises.append(Rise(time, before, peak, kind))
+            high = peak
+            index += 1 + len(later)
+            continue
+        high = max(high, value)
+        index += 1
+    return rises
+
+
+def counter_rate(store: Store, signal: str, scope: str, now: float, window: float) -> float | None:
+    """Per-second increase of a counter over ``window`` (one generation; a decrease is a
+    reset, and only what follows it counts). None with fewer than two samples."""
+    points = _present(store.window(signal, scope, now, window))
+    for position in range(len(points) - 1, 0, -1):
+        if points[position][1] < points[position - 1][1]:
+            points = points[position:]
+            break
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+
+def _latest(store: Store, signal: str, scope: str, now: float) -> float | None:
+    sample = store.latest(signal, scope)
+    if sample is None or sample.time > now:
+        window = store.window(signal, scope, now, float("inf"))
+        sample = window[-1] if window else None
+    return None if sample is None else sample.value
+
+
+def memory_ratchet(store: Store, scope: str, now: float, headroom_below: float | None = None) -> Detection:
+    """A confirmed step of the engine's memory within the last minute, while prompt tokens
+    flowed; with ``headroom_below``, only when free memory at the top is below it."""
+    samples = store.window("engine_memory_bytes", scope, now, RATCHET_LOOKBACK_S)
+    if not samples:
+        return Detection(False)  # an absent series makes its conditions false
+    if len(_present(samples)) < 3:
+        return Detection(None)
+    steps = [rise for rise in classify_rises(samples) if rise.kind == "step"]
+    recent = [rise for rise in steps if now - rise.start <= RATCHET_RECENT_S]
+    if not recent:
+        return Detection(False)
+    rise = recent[-1]
+    flowing = counter_rate(store, "prompt_tokens_total", scope, now, max(now - rise.start + 30, 60))
+    if flowing is not None and flowing <= 0:
+        return Detection(False, {"reason": "no prompt tokens flowed: not a prefill ratchet"})
+    headroom = _latest(store, "gpu_memory_free_bytes", scope, now)
+    evidence = {
+        "height_bytes": int(rise.peak - rise.before),
+        "at": rise.start,
+        "before_bytes": int(rise.before),
+        "after_bytes": int(rise.peak),
+        "headroom_bytes": int(headroom) if headroom is not None else None,
+    }
+    over = _latest(store, "engine_over_budget_bytes", scope, now)
+    if over is not None:
+        evidence["over_budget_bytes"] = int(over)
+    if headroom_below is not None:
+        if headroom is None:
+            return Detection(None, evidence)
+        if headroom >= headroom_below:
+            return Detection(False, evidence)
+    return Detection(True, evidence)
+
+
+def over_budget(store: Store, scope: str, now: float, by: float | None = None) -> Detection:
+    if store.latest("engine_over_budget_bytes", scope) is None:
+        return Detection(False)
+    over = _latest(store, "engine_over_budget_bytes", scope, now)
+    if over is None:
+        return Detection(None)
+    return Detection(over > (by or 0), {"over_budget_bytes": int(over)})
+
+
+def neighbour_growth(
+    store: Store, scope: str, now: float, by: float | None = None, window: float = 600.0
+) -> Detection:
+    """Other processes' memory on the engine's GPU rose by ``by`` (default 512 MiB) from its
+    lowest point in ``window``."""
+    samples = store.window("other_processes_memory_bytes", scope, now, window)
+    if not samples:
+        return Detection(False)
+    points = _present(samples)
+    if not points:
+        return Detection(None)
+    lowest = min(value for _, value in points)
+    latest = points[-1][1]
+    grown = latest - lowest
+    threshold = by if by is not None else 512 * MIB
+    return Detection(
+        grown >= threshold, {"grown_bytes": int(grown), "from_bytes": int(lowest), "to_bytes": int(latest)}
+    )
+
+
+def pool_saturation(store: Store, scope: str, now: float, usage_above: float = 0.85) -> Detection:
+    if store.latest("kv_cache_usage", scope) is None:
+        return Detection(False)
+    usage = _latest(store, "kv_cache_usage", scope, now)
+    if usage is None:
+        return Detection(None)
+    waiting = _latest(store, "num_requests_waiting_capacity", scope, now)
+    preemptions = counter_rate(store, "num_preemptions_total", scope, now, 60.0)
+    pressure = (waiting or 0) > 0 or (preemptions or 0) > 0
+    evidence = {
+        "kv_cache_usage": usage,
+        "num_requests_waiting_capacity": waiting,
+        "preemptions_per_s": preemptions,
+    }
+    return Detection(usage > usage_above and pressure, evidence)
