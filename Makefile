@@ -32,6 +32,7 @@ unit: $(STAMP)
 # Speed targets of DESIGN §8, as ratios measured in one run (not part of `make test`).
 bench: $(STAMP)
 	$(BIN)/python bench/bench_metrics_parse.py
+	$(BIN)/python bench/bench_policy_eval.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check tunerd tests bench

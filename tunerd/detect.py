@@ -17,6 +17,7 @@ generations (the store's rule).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,11 +61,22 @@ class Rise:
     end: float | None = None  # when a transient fell back
 
 
-def _present(samples: Sequence[Sample]) -> list[tuple[float, float]]:
-    return [(sample.time, sample.value) for sample in samples if sample.value is not None]
+def _present(samples: Sequence[Sample] | Sequence[tuple[float, float | None]]) -> list[tuple[float, float]]:
+    pairs = [(item.time, item.value) if isinstance(item, Sample) else item for item in samples]
+    return [(time, value) for time, value in pairs if value is not None and not math.isnan(value)]
 
 
-def classify_rises(samples: Sequence[Sample], min_step: float = RATCHET_MIN_STEP) -> list[Rise]:
+def _points(
+    store: Store, signal: str, scope: str, now: float, seconds: float
+) -> tuple[bool, list[tuple[float, float]]]:
+    """(whether the series has samples in the window, its present readings)."""
+    times, values = store.points(signal, scope, now, seconds)
+    return bool(times), [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
+
+
+def classify_rises(
+    samples: Sequence[Sample] | Sequence[tuple[float, float | None]], min_step: float = RATCHET_MIN_STEP
+) -> list[Rise]:
     """Every rise of at least ``min_step`` above the running high-water mark, and whether it
     stayed (``step``), fell back below half its height (``transient``) or is too fresh to tell
     (``rising``: fewer than two samples at the new level)."""
@@ -107,7 +119,7 @@ def classify_rises(samples: Sequence[Sample], min_step: float = RATCHET_MIN_STEP
 def counter_rate(store: Store, signal: str, scope: str, now: float, window: float) -> float | None:
     """Per-second increase of a counter over ``window`` (one generation; a decrease is a
     reset, and only what follows it counts). None with fewer than two samples."""
-    points = _present(store.window(signal, scope, now, window))
+    _, points = _points(store, signal, scope, now, window)
     for position in range(len(points) - 1, 0, -1):
         if points[position][1] < points[position - 1][1]:
             points = points[position:]
@@ -118,22 +130,19 @@ def counter_rate(store: Store, signal: str, scope: str, now: float, window: floa
 
 
 def _latest(store: Store, signal: str, scope: str, now: float) -> float | None:
-    sample = store.latest(signal, scope)
-    if sample is None or sample.time > now:
-        window = store.window(signal, scope, now, float("inf"))
-        sample = window[-1] if window else None
+    sample = store.at(signal, scope, now)
     return None if sample is None else sample.value
 
 
 def memory_ratchet(store: Store, scope: str, now: float, headroom_below: float | None = None) -> Detection:
     """A confirmed step of the engine's memory within the last minute, while prompt tokens
     flowed; with ``headroom_below``, only when free memory at the top is below it."""
-    samples = store.window("engine_memory_bytes", scope, now, RATCHET_LOOKBACK_S)
-    if not samples:
+    exists, points = _points(store, "engine_memory_bytes", scope, now, RATCHET_LOOKBACK_S)
+    if not exists:
         return Detection(False)  # an absent series makes its conditions false
-    if len(_present(samples)) < 3:
+    if len(points) < 3:
         return Detection(None)
-    steps = [rise for rise in classify_rises(samples) if rise.kind == "step"]
+    steps = [rise for rise in classify_rises(points) if rise.kind == "step"]
     recent = [rise for rise in steps if now - rise.start <= RATCHET_RECENT_S]
     if not recent:
         return Detection(False)
@@ -174,10 +183,9 @@ def neighbour_growth(
 ) -> Detection:
     """Other processes' memory on the engine's GPU rose by ``by`` (default 512 MiB) from its
     lowest point in ``window``."""
-    samples = store.window("other_processes_memory_bytes", scope, now, window)
-    if not samples:
+    exists, points = _points(store, "other_processes_memory_bytes", scope, now, window)
+    if not exists:
         return Detection(False)
-    points = _present(samples)
     if not points:
         return Detection(None)
     lowest = min(value for _, value in points)

@@ -9,6 +9,7 @@ samples of one generation, so no ``for``, window or rate ever spans a restart.
 
 from __future__ import annotations
 
+import bisect
 import math
 import sys
 from array import array
@@ -78,28 +79,60 @@ class Series:
     def latest(self) -> Sample | None:
         return self._at(self._count - 1) if self._count else None
 
+    def at(self, now: float) -> Sample | None:
+        """The newest sample taken at or before ``now`` (usually the latest: O(1))."""
+        for position in range(self._count - 1, -1, -1):
+            index = (self._next - self._count + position) % self.capacity
+            if self._times[index] <= now:
+                return self._at(position)
+        return None
+
     def __iter__(self) -> Iterator[Sample]:
         for position in range(self._count):
             yield self._at(position)
 
+    def _ordered(self) -> tuple[array[float], array[float], array[int]]:
+        """The held samples oldest first, as array copies (two slices of the ring)."""
+        start = (self._next - self._count) % self.capacity
+        if start + self._count <= self.capacity:
+            end = start + self._count
+            return self._times[start:end], self._values[start:end], self._generations[start:end]
+        tail = self._count - (self.capacity - start)
+        return (
+            self._times[start:] + self._times[:tail],
+            self._values[start:] + self._values[:tail],
+            self._generations[start:] + self._generations[:tail],
+        )
+
+    def points(
+        self, now: float, seconds: float, generation: int | None = None
+    ) -> tuple[list[float], list[float]]:
+        """Times and values (NaN for a missing reading) of :meth:`window`, without building a
+        :class:`Sample` per point: what detectors scan every tick."""
+        if not self._count:
+            return [], []
+        times, values, generations = self._ordered()
+        if generation is None:
+            generation = generations[-1]
+        # Time only moves forward and generations only go up, so both are sorted: bisect.
+        low = max(bisect.bisect_left(times, now - seconds), bisect.bisect_left(generations, generation))
+        high = min(bisect.bisect_right(times, now), bisect.bisect_right(generations, generation))
+        if low >= high:
+            return [], []
+        return times[low:high].tolist(), values[low:high].tolist()
+
     def window(self, now: float, seconds: float, generation: int | None = None) -> list[Sample]:
         """Samples with ``now − seconds ≤ time ≤ now`` of one generation (default: the latest
         sample's), oldest first."""
-        last = self.latest()
-        if last is None:
+        times, values = self.points(now, seconds, generation)
+        if not times:
             return []
         if generation is None:
-            generation = last.generation
-        start = now - seconds
-        result: list[Sample] = []
-        for position in range(self._count - 1, -1, -1):  # newest first; stop once too old
-            sample = self._at(position)
-            if sample.time < start:
-                break
-            if sample.time <= now and sample.generation == generation:
-                result.append(sample)
-        result.reverse()
-        return result
+            latest = self.latest()
+            generation = latest.generation if latest is not None else 0
+        return [
+            Sample(t, None if math.isnan(v) else v, generation) for t, v in zip(times, values, strict=True)
+        ]
 
     def nbytes(self) -> int:
         """Bytes this series holds (its three arrays and the object), fixed at creation."""
@@ -148,11 +181,22 @@ class Store:
         series = self._series.get((signal, scope))
         return series.latest() if series is not None else None
 
+    def at(self, signal: str, scope: str, now: float) -> Sample | None:
+        """The newest sample of ``signal`` taken at or before ``now``."""
+        series = self._series.get((signal, scope))
+        return series.at(now) if series is not None else None
+
     def window(
         self, signal: str, scope: str, now: float, seconds: float, generation: int | None = None
     ) -> list[Sample]:
         series = self._series.get((signal, scope))
         return series.window(now, seconds, generation) if series is not None else []
+
+    def points(
+        self, signal: str, scope: str, now: float, seconds: float, generation: int | None = None
+    ) -> tuple[list[float], list[float]]:
+        series = self._series.get((signal, scope))
+        return series.points(now, seconds, generation) if series is not None else ([], [])
 
     def scopes(self) -> set[str]:
         return {scope for _, scope in self._series}

@@ -292,7 +292,15 @@ def test_growing_neighbour_kills_greedy_engine_and_is_named(tmp_path: Path) -> N
     assert 4_194_306 in dict(crash.other_processes)  # the notebook that grew
 
 
-def _saturate(tmp_path: Path, max_num_seqs: int) -> MetricsSnapshot:
+@dataclass
+class Pressure:
+    usage: float
+    waiting_capacity: int
+    preemptions: int
+
+
+def _saturate(tmp_path: Path, max_num_seqs: int) -> Pressure:
+    """The most the pool filled, the longest capacity queue and the preemptions of a run."""
     with sim(
         tmp_path,
         "--sim-model",
@@ -310,7 +318,7 @@ def _saturate(tmp_path: Path, max_num_seqs: int) -> MetricsSnapshot:
         "--kv-cache-memory-bytes",
         str(6 * GIB),
     ) as engine:
-        peak: MetricsSnapshot | None = None
+        usage, waiting = 0.0, 0
         done = threading.Event()
 
         def drive() -> None:
@@ -320,31 +328,23 @@ def _saturate(tmp_path: Path, max_num_seqs: int) -> MetricsSnapshot:
         threading.Thread(target=drive, daemon=True).start()
         while not done.is_set():
             page = parse(engine.get("/metrics").text)
-            if peak is None or (page.kv_cache_usage or 0) >= (peak.kv_cache_usage or 0):
-                peak = page
-            time.sleep(0.05)
+            usage = max(usage, page.kv_cache_usage or 0.0)
+            waiting = max(waiting, page.num_requests_waiting_capacity or 0)
+            time.sleep(0.02)
         final = parse(engine.get("/metrics").text)
-    assert peak is not None
-    return MetricsSnapshot(
-        **{
-            **peak.__dict__,
-            "num_preemptions_total": final.num_preemptions_total,
-            "num_requests_waiting_capacity": max(peak.num_requests_waiting_capacity or 0, 0),
-        }
-    )
+    return Pressure(usage, waiting, int(final.num_preemptions_total or 0))
 
 
 def test_saturation_queues_and_preempts_fewer_seqs_trade_preemptions(tmp_path: Path) -> None:
     """A 49K-token pool and 12 streams of 8K prompts: usage above 0.85 with requests waiting
     for capacity and preemptions; fewer max_num_seqs trades preemptions for queueing."""
     many = _saturate(tmp_path, max_num_seqs=12)
-    assert many.kv_cache_usage is not None
-    assert many.kv_cache_usage > 0.85
-    assert (many.num_requests_waiting_capacity or 0) > 0
-    assert (many.num_preemptions_total or 0) > 0
+    assert many.usage > 0.85
+    assert many.waiting_capacity > 0
+    assert many.preemptions > 0
     few = _saturate(tmp_path, max_num_seqs=4)
-    assert (few.num_preemptions_total or 0) < (many.num_preemptions_total or 0)
-    assert (few.num_requests_waiting_capacity or 0) > 0  # the rest queue instead
+    assert few.preemptions < many.preemptions
+    assert few.waiting_capacity > 0  # the rest queue instead
 
 
 def test_startup_figures_agree_with_plan(tmp_path: Path) -> None:

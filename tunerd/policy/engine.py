@@ -178,10 +178,10 @@ class _Evaluation:
                 return None
             self.evidence[f"{node.metric}_rate"] = rate
             return rate > node.rate_above if node.rate_above is not None else rate < (node.rate_below or 0)
-        samples = self.store.window(node.metric, scope, self.now, math.inf)
-        if not samples:
+        sample = self.store.at(node.metric, scope, self.now)
+        if sample is None:
             return False  # an absent series makes its conditions false
-        value = samples[-1].value
+        value = sample.value
         if value is None:
             return None  # a missing reading neither fires nor clears
         self.evidence[node.metric] = value

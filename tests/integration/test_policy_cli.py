@@ -1,0 +1,91 @@
+"""`tunerd policy check` and `tunerd policy test` as a user runs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+def tunerd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tunerd", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def test_policy_check_shipped_policies_pass() -> None:
+    files = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "policies").rglob("*.yaml"))
+    result = tunerd("policy", "check", *files)
+    assert result.returncode == 0, result.stderr
+    assert "policies/default.yaml: ok (7 policies)" in result.stdout
+
+
+def test_policy_test_shipped_tests_pass() -> None:
+    files = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests" / "policies").glob("*_test.yaml"))
+    result = tunerd("policy", "test", *files)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAIL" not in result.stdout
+    assert result.stdout.count("PASS") >= 14
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (
+            "version: 1\npolicies:\n  - name: p\n    when: {metric: kv_cache_usage, above: [0.9\n",
+            "YAML syntax error",
+        ),
+        (
+            "version: 1\npolicies:\n  - name: p\n    when: {metric: kv_cache_usage, above: 0.9}\n"
+            "    then: [{tune: {swap_space: 4}}]\n",
+            "p.yaml:5: policy 'p': then[0].tune.swap_space:",
+        ),
+    ],
+)
+def test_policy_check_broken_exit_2(tmp_path: Path, text: str, fragment: str) -> None:
+    (tmp_path / "p.yaml").write_text(text)
+    result = subprocess.run(
+        [sys.executable, "-m", "tunerd", "policy", "check", "p.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert fragment in result.stderr
+
+
+def test_policy_test_wrong_expectation_exit_1_shows_what_happened(tmp_path: Path) -> None:
+    test = (ROOT / "tests" / "policies" / "default_test.yaml").read_text()
+    test = test.replace(
+        "policies: [../../policies/default.yaml]", f"policies: [{ROOT / 'policies' / 'default.yaml'}]"
+    )
+    test = test.replace(
+        "tune: {max_num_seqs: 6}\n        restart: true\n    expect_no_other_actions: true",
+        "tune: {max_num_seqs: 5}\n        restart: true\n    expect_no_other_actions: true",
+    )
+    (tmp_path / "t.yaml").write_text(test)
+    result = tunerd("policy", "test", str(tmp_path / "t.yaml"))
+    assert result.returncode == 1
+    assert "FAIL" in result.stdout
+    assert "expected at 11m: max_num_seqs → 5, restart" in result.stdout
+    assert "at 660s (kv-pool-saturated): max_num_seqs 8→6, restart, notify warning" in result.stdout
+
+
+def test_policy_test_bad_file_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(
+        "policies: [x.yaml]\ninterval: 5s\ntests:\n  - name: a\n    series: {kv_usage: '1x3'}\n"
+    )
+    result = tunerd("policy", "test", str(tmp_path / "t.yaml"))
+    assert result.returncode == 2
+    assert "t.yaml:5: test 'a': series.kv_usage: unknown signal 'kv_usage'" in result.stderr

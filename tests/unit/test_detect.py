@@ -1,0 +1,150 @@
+"""Detectors on simulated memory traces (the simulator's pure engine) and on shaped series."""
+
+from __future__ import annotations
+
+from tunerd import detect
+from tunerd.planner.gpus import gpu_profile
+from tunerd.planner.shapes import builtin_model
+from tunerd.sim.engine import EngineSettings, Neighbour, Request, SimEngine, SimGpu
+from tunerd.store import Store
+
+MIB = 1024**2
+GIB = 1024**3
+INTERVAL = 0.5
+
+
+def _trace(
+    neighbours: list[Neighbour] | None = None,
+    load_at: float = 30.0,
+    duration: float = 120.0,
+    settings: EngineSettings | None = None,
+) -> tuple[Store, list[tuple[float, int]]]:
+    """Sample a simulated engine every 0.5 s into a store, as the daemon would; return the
+    store and the true memory steps (time, height)."""
+    gpu = SimGpu(gpu_profile("rtx4090"), neighbours or [Neighbour(4_194_305, "Xorg", 300 * MIB)])
+    engine = SimEngine(
+        builtin_model("llama-3.1-8b"),
+        gpu,
+        "awq",
+        settings or EngineSettings(0.97, 32768, 16, 8192, "fp16"),
+        pid=1,
+        frag_max=0.0,
+    )
+    store = Store(capacity=10_000)
+    steps: list[tuple[float, int]] = []
+    last = engine.engine_bytes()
+    now, next_sample, submitted = 0.0, 0.0, False
+    while now < duration:
+        if not submitted and now >= load_at:
+            for n in range(4):
+                engine.submit(Request(f"r{n}", 20_000, 64, now, ignore_eos=True))
+            submitted = True
+        started = now  # allocations happen as the step starts
+        result = engine.step(now) if engine.has_work else None
+        now += result.duration if result and result.duration else 0.05
+        mine = engine.engine_bytes()
+        if mine - last >= 64 * MIB:
+            steps.append((started, mine - last))
+        last = mine
+        while next_sample <= now:
+            sample = engine.gpu_sample(next_sample)
+            others = sum(p.used_bytes or 0 for p in sample.processes or () if p.pid != 1)
+            store.record("engine_memory_bytes", "e", next_sample, mine)
+            store.record("gpu_memory_free_bytes", "e", next_sample, sample.memory_free_bytes)
+            store.record("other_processes_memory_bytes", "e", next_sample, others)
+            store.record(
+                "prompt_tokens_total",
+                "e",
+                next_sample,
+                engine.prompt_tokens_total + sum(r.computed for r in engine.running),
+            )
+            next_sample += INTERVAL
+    return store, steps
+
+
+def _first_detection(store: Store, until: float, **params: float) -> tuple[float, detect.Detection] | None:
+    time = 0.0
+    while time <= until:
+        found = detect.memory_ratchet(store, "e", time, **params)  # type: ignore[arg-type]
+        if found.active:
+            return time, found
+        time += INTERVAL
+    return None
+
+
+def test_ratchet_found_with_height_and_time_within_one_interval() -> None:
+    """The first large step takes the activation working set back: a step that stays."""
+    store, steps = _trace()
+    assert steps, "the simulated engine should ratchet once load arrives"
+    step_time, height = steps[0]
+    hit = _first_detection(store, 120.0)
+    assert hit is not None
+    time, found = hit
+    assert step_time <= time <= step_time + 2 * INTERVAL  # confirmed by the next sample
+    assert abs(found.evidence["height_bytes"] - height) <= 64 * MIB
+    assert abs(found.evidence["at"] - step_time) <= INTERVAL
+    assert found.evidence["headroom_bytes"] is not None
+
+
+def test_ratchet_headroom_threshold() -> None:
+    roomy, _ = _trace(settings=EngineSettings(0.85, 32768, 16, 8192, "fp16"))
+    assert _first_detection(roomy, 120.0, headroom_below=1 * GIB) is None  # plenty left
+    tight, _ = _trace()
+    assert _first_detection(tight, 120.0, headroom_below=1 * GIB) is not None
+
+
+def test_steady_load_drift_and_spike_are_not_ratchets() -> None:
+    store = Store(capacity=10_000)
+    for index in range(400):
+        now = index * INTERVAL
+        drift = index * 0.1 * MIB  # 20 MiB a minute of slow creep: below a step
+        spike = 500 * MIB if index == 200 else 0  # one sample up, then back
+        store.record("engine_memory_bytes", "e", now, 20 * GIB + drift + spike)
+        store.record("prompt_tokens_total", "e", now, index * 1000)
+        found = detect.memory_ratchet(store, "e", now)
+        assert found.active is not True, (now, found)
+    rises = detect.classify_rises(store.window("engine_memory_bytes", "e", 400 * INTERVAL, 10_000))
+    assert [rise.kind for rise in rises] == ["transient"]
+
+
+def test_ratchet_needs_prompt_tokens_flowing() -> None:
+    store = Store(capacity=100)
+    for index in range(20):
+        store.record("engine_memory_bytes", "e", index * 1.0, 20 * GIB + (GIB if index >= 10 else 0))
+        store.record("prompt_tokens_total", "e", index * 1.0, 5000)  # nothing flows
+    assert detect.memory_ratchet(store, "e", 19.0).active is False
+
+
+def test_neighbour_growth_attributed_to_the_neighbour() -> None:
+    """A notebook grows next to an idle engine: neighbour growth, and no engine ratchet."""
+    notebook = Neighbour(4_194_306, "notebook", 256 * MIB, start=10.0, growth_bytes_per_s=20 * MIB)
+    store, steps = _trace(
+        neighbours=[Neighbour(4_194_305, "Xorg", 300 * MIB), notebook],
+        load_at=1e9,
+        duration=90.0,
+        settings=EngineSettings(0.85, 32768, 16, 8192, "fp16"),
+    )
+    assert steps == []
+    grown = detect.neighbour_growth(store, "e", 90.0, by=512 * MIB)
+    assert grown.active
+    assert grown.evidence["grown_bytes"] >= 512 * MIB
+    assert _first_detection(store, 90.0) is None
+
+
+def test_pool_saturation_needs_pressure() -> None:
+    store = Store(capacity=100)
+    for index in range(10):
+        store.record("kv_cache_usage", "e", float(index), 0.95)
+        store.record("num_requests_waiting_capacity", "e", float(index), 0)
+        store.record("num_preemptions_total", "e", float(index), 3)
+    assert detect.pool_saturation(store, "e", 9.0).active is False  # full, nobody waiting
+    store.record("num_requests_waiting_capacity", "e", 10.0, 2)
+    store.record("kv_cache_usage", "e", 10.0, 0.95)
+    assert detect.pool_saturation(store, "e", 10.0).active is True
+
+
+def test_absent_series_is_false_missing_reading_is_unknown() -> None:
+    store = Store(capacity=10)
+    assert detect.over_budget(store, "e", 0.0).active is False
+    store.record("engine_over_budget_bytes", "e", 0.0, None)
+    assert detect.over_budget(store, "e", 0.0).active is None
