@@ -513,3 +513,29 @@ def test_sim_gpu_is_the_inspect_gpu_object(tmp_path: Path) -> None:
     assert raw["gpus"][0]["memory_reserved_bytes"] == (24564 - 24084) * 1024**2
     assert clock["time_scale"] == float(SCALE)
     assert isinstance(raw["time"], float)
+
+
+def test_sigterm_during_startup_stops_promptly(tmp_path: Path) -> None:
+    """Review finding: a SIGTERM while starting was ignored and the server then ran forever."""
+    with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG, "--sim-startup-seconds", "200", wait_ready=False) as engine:
+        time.sleep(1.0)
+        engine.process.send_signal(signal.SIGTERM)
+        assert engine.wait_exit(timeout=10) == 0
+
+
+def test_client_disconnect_aborts_the_request(tmp_path: Path) -> None:
+    """Review finding: a streaming client that went away kept its slot and blocks."""
+    with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG) as engine:
+        for _ in range(3):
+            with httpx.stream(
+                "POST",
+                engine.url + "/v1/completions",
+                timeout=30,
+                json={"prompt_tokens": 2000, "max_tokens": 30000 - 2000, "stream": True, "ignore_eos": True},
+            ) as response:
+                next(response.iter_lines())  # the first token, then hang up
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and engine.get("/load").json()["server_load"]:
+            time.sleep(0.1)
+        assert engine.get("/load").json() == {"server_load": 0}
+        assert parse(engine.get("/metrics").text).num_requests_running == 0

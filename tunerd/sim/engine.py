@@ -437,8 +437,24 @@ class SimEngine:
         return 1 - self.free_blocks / (self.num_blocks - 1) if self.num_blocks > 1 else 0.0
 
     def _blocks_for(self, request: Request, tokens: int) -> int:
-        held = request.computed + tokens
-        return max(0, math.ceil(held / BLOCK_SIZE) - request.blocks)
+        held = math.ceil((request.computed + tokens) / BLOCK_SIZE)
+        if self.shape.sliding_window is not None:
+            # Blocks that slid out of the window are freed: a request holds at most the
+            # window's worth (vLLM's SlidingWindowSpec), the same bound the pool was sized by.
+            held = min(
+                held, sequence_blocks(self.shape, request.context, self.settings.max_num_batched_tokens)
+            )
+        return max(0, held - request.blocks)
+
+    def abort(self, request: Request, reason: str) -> None:
+        """A client went away: free the request's slot and blocks, as vLLM aborts it."""
+        if request in self.running:
+            self.running.remove(request)
+            self.free_blocks += request.blocks
+            request.blocks = 0
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.error = reason
 
     def _preempt(self, victim: Request) -> None:
         self.running.remove(victim)
@@ -457,6 +473,7 @@ class SimEngine:
         """
         budget = self.settings.max_num_batched_tokens
         scheduled: dict[str, tuple[Request, int]] = {}
+        preempted = False
         # Running requests first, oldest first.
         for request in list(self.running):
             if request not in self.running or budget <= 0:
@@ -466,6 +483,7 @@ class SimEngine:
             while needed > self.free_blocks and request in self.running:
                 victim = self.running[-1]  # the newest gives its blocks back
                 self._preempt(victim)
+                preempted = True
                 dropped = scheduled.pop(victim.id, None)
                 if dropped is not None:
                     budget += dropped[1]
@@ -475,8 +493,11 @@ class SimEngine:
             request.blocks += needed
             scheduled[request.id] = (request, tokens)
             budget -= tokens
-        # Then admit waiting requests while slots, budget and blocks allow.
-        while self.waiting and budget > 0 and len(self.running) < self.settings.max_num_seqs:
+        # Then admit waiting requests while slots, budget and blocks allow; not in a step that
+        # had to preempt (vLLM V1 admits nothing new then, or it would thrash).
+        while (
+            not preempted and self.waiting and budget > 0 and len(self.running) < self.settings.max_num_seqs
+        ):
             request = self.waiting[0]
             pending = request.context - request.computed
             if not self.settings.enable_chunked_prefill and pending > budget:

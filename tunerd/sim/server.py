@@ -98,9 +98,14 @@ class SimClock:
     def now(self) -> float:
         return (self._monotonic() - self._start) * self.scale
 
-    def sleep(self, simulated_seconds: float) -> None:
-        if simulated_seconds > 0:
+    def sleep(self, simulated_seconds: float, interrupt: threading.Event | None = None) -> None:
+        """Sleep; an ``interrupt`` that is set wakes it early (a SIGTERM during start-up)."""
+        if simulated_seconds <= 0:
+            return
+        if interrupt is None:
             time.sleep(simulated_seconds / self.scale)
+        else:
+            interrupt.wait(simulated_seconds / self.scale)
 
 
 @dataclass(frozen=True)
@@ -231,7 +236,7 @@ class SimServer:
             if failure.kind == "invalid_config":
                 self.emit(*(self.log.line(line, level="ERROR") for line in failure.lines))
             else:
-                self.clock.sleep(options.startup_seconds * 0.5)  # it loads and profiles first
+                self.clock.sleep(options.startup_seconds * 0.5, self._stopping)  # loads and profiles first
                 self.emit(*startup_failure_lines(self.log, failure.lines))
             return False
         engine = self.engine
@@ -242,7 +247,9 @@ class SimServer:
                 f"kv_cache_dtype={engine.settings.kv_cache_dtype}"
             )
         )
-        self.clock.sleep(options.startup_seconds * 0.4)
+        self.clock.sleep(options.startup_seconds * 0.4, self._stopping)
+        if self._stopping.is_set():
+            return False
         self.emit(
             self.log.engine(
                 f"Model loading took {gib(engine.weights.bytes)} GiB memory and "
@@ -250,7 +257,9 @@ class SimServer:
                 source="gpu_model_runner.py:5089",
             )
         )
-        self.clock.sleep(options.startup_seconds * 0.2)
+        self.clock.sleep(options.startup_seconds * 0.2, self._stopping)
+        if self._stopping.is_set():
+            return False
         if not engine.settings.enforce_eager:
             self.emit(
                 self.log.engine(
@@ -280,7 +289,9 @@ class SimServer:
                 source="kv_cache_utils.py:1148",
             )
         )
-        self.clock.sleep(options.startup_seconds * 0.4)
+        self.clock.sleep(options.startup_seconds * 0.4, self._stopping)
+        if self._stopping.is_set():
+            return False
         if not engine.settings.enforce_eager:
             self.emit(
                 self.log.engine(
@@ -403,6 +414,9 @@ class SimServer:
         if self._draining:
             return
         self._draining = True
+        if self.httpd is None:  # still starting: nothing to drain, stop now
+            self._stopping.set()
+            return
         threading.Thread(target=self._drain, daemon=True, name="tunerd-sim-drain").start()
 
     def _drain(self) -> None:
@@ -445,7 +459,11 @@ class SimServer:
         """Start (or fail like vLLM), serve until death or SIGTERM; the process exit code."""
         signal.signal(signal.SIGTERM, lambda *_: self.drain())
         signal.signal(signal.SIGINT, lambda *_: self.drain())
-        if not self._start():
+        started = self._start()
+        if self._stopping.is_set():  # SIGTERM during start-up: a clean stop
+            self.emit(self.log.line("[shutdown] API server: shutdown triggered", source="launcher.py:254"))
+            return 0
+        if not started:
             return 1
         self.registry.register(_Metrics(self))
         handler = type("Handler", (_Handler,), {"server_ref": self})
@@ -493,6 +511,10 @@ class SimServer:
         try:
             prompt_tokens = _prompt_tokens(body)
             max_tokens = int(body.get("max_tokens", 16))
+            logprobs = body.get("prompt_logprobs")
+            prompt_logprobs = int(logprobs) if logprobs is not None else None
+            if max_tokens < 1:
+                raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         except (TypeError, ValueError) as error:
             return 400, _error(str(error), "BadRequestError", 400)
         limit = self.engine.max_model_len
@@ -504,14 +526,13 @@ class SimServer:
                 "BadRequestError",
                 400,
             )
-        logprobs = body.get("prompt_logprobs")
         request = Request(
             id=f"cmpl-{uuid.uuid4().hex[:16]}",
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             arrival=self.clock.now(),
             ignore_eos=bool(body.get("ignore_eos", False)),
-            prompt_logprobs=int(logprobs) if logprobs is not None else None,
+            prompt_logprobs=prompt_logprobs,
         )
         self.submit(request)
         sent = 0
@@ -524,8 +545,13 @@ class SimServer:
                     self.lock.release()
                     try:
                         write_event(self._chunk(request, text, None))
-                    finally:
+                    except OSError:  # the client went away: abort the request, as vLLM does
                         self.lock.acquire()
+                        self.engine.abort(request, "client disconnected")
+                        self._requests.pop(request.id, None)
+                        self.lock.notify_all()
+                        return 499, {}
+                    self.lock.acquire()
             self._requests.pop(request.id, None)
         if request.error is not None:
             return 500, _error(request.error, "InternalServerError", 500)
@@ -713,6 +739,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         status, data = self.server_ref.completion(body, write_event)
+        if status == 499:
+            return  # the client is gone
         if not started:
             self._json(status, data)
         elif status != 200:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from tunerd.planner.gpus import gpu_profile
 from tunerd.planner.recommend import PlanRequest, make_plan
-from tunerd.planner.shapes import builtin_model
+from tunerd.planner.shapes import builtin_model, load_model_config, shape_from_config
 from tunerd.sim.engine import (
     CudaOutOfMemory,
     EngineSettings,
@@ -269,3 +270,26 @@ class TestMemoryAndTime:
         )
         assert [p.pid for p in sample.processes or ()] == [1000, 4_194_305]
         assert math.isclose(engine.kv_cache_usage, 0.0)
+
+
+def test_sliding_window_model_frees_blocks_outside_the_window() -> None:
+    """Review finding: a pool sized by the window rule, served as full attention, livelocked."""
+    config = Path(__file__).parents[2] / "data" / "model_configs" / "mistral-7b-v0.1.json"
+    shape = shape_from_config(load_model_config(config))
+    card = SimGpu(gpu_profile("h100-80g"), [])
+    engine = SimEngine(
+        shape,
+        card,
+        "bf16",
+        EngineSettings(
+            max_model_len=8192,
+            max_num_seqs=4,
+            max_num_batched_tokens=2048,
+            kv_cache_memory_bytes=450 * 16 * 131072,
+        ),
+        pid=1,
+    )
+    request = Request("r", 8000, 100, 0.0, ignore_eos=True)
+    _run(engine, [request], limit=600.0)
+    assert request.done
+    assert engine.preemptions_total == 0
