@@ -35,6 +35,7 @@ __all__ = [
     "TuneResult",
     "apply_tune",
     "settings_diff",
+    "tune_problem",
     "validate_value",
 ]
 
@@ -86,6 +87,43 @@ def validate_value(knob: str, value: Any) -> str | None:
         return None if 0 < value <= 1 else f"gpu_memory_utilization must be in (0, 1], got {value}"
     if knob in _INTEGER_TUNABLES and (not float(value).is_integer() or value < 1):
         return f"{knob} takes a positive whole number, got {value}"
+    return None
+
+
+def tune_problem(knob: str, operation: Any) -> str | None:
+    """Why ``operation`` cannot be a ``tune`` of ``knob`` (None when it can): what a policy
+    file is checked against before anything runs."""
+    if knob not in TUNABLES:
+        return f"'{knob}' is not a tunable"
+    numeric = knob in NUMERIC_TUNABLES
+    if operation in OPERATIONS:
+        if operation in ("halve", "double") and not numeric:
+            return f"{knob} cannot be {operation}d"
+        if knob in BOOLEAN_TUNABLES:
+            return f"{knob} takes true or false, not {operation}"
+        return None
+    delta = _delta(operation)
+    if delta is not None:
+        if not numeric:
+            return f"{knob} takes no delta"
+        if not math.isfinite(delta):
+            return f"a delta must be a finite number, got {operation!r}"
+        return None
+    problem = validate_value(knob, operation)
+    return None if problem is None else f"{problem} (or one of: {', '.join(OPERATIONS)}, a delta like -0.03)"
+
+
+def _delta(operation: Any) -> float | None:
+    """The signed delta an operation means, if it is one: a negative number or "+N"/"-N"."""
+    if isinstance(operation, bool):
+        return None
+    if isinstance(operation, int | float) and operation < 0:
+        return float(operation)
+    if isinstance(operation, str) and operation[:1] in "+-":
+        try:
+            return float(operation)
+        except (ValueError, OverflowError):
+            return None
     return None
 
 
@@ -155,12 +193,9 @@ def apply_tune(
         direction = -1 if operation == "halve" else 1
         wanted = current / 2 if operation == "halve" else current * 2
         wanted = max(1, int(wanted)) if knob in _INTEGER_TUNABLES else _two_decimals(wanted)
-    elif not isinstance(operation, bool) and isinstance(operation, int | float) and operation < 0:
-        return apply_tune(knob, str(operation), current, bounds, ladder=ladder, failed=failed)
-    elif isinstance(operation, str) and operation[:1] in "+-" and _is_number(operation[1:]):
-        if knob not in NUMERIC_TUNABLES:
-            return TuneResult(knob, current, current, f"{knob} takes no delta")
-        delta = float(operation)
+    elif (delta := _delta(operation)) is not None:
+        if knob not in NUMERIC_TUNABLES or not math.isfinite(delta):
+            return TuneResult(knob, current, current, f"{knob} takes no delta {operation!r}")
         direction = -1 if delta < 0 else 1
         if knob == "gpu_memory_utilization":
             wanted = _two_decimals((round(current * 100) + round(delta * 100)) / 100)
@@ -174,6 +209,12 @@ def apply_tune(
             and isinstance(current, int | float)
         ):
             direction = -1 if wanted < current else 1
+    raw = wanted
+    if knob in NUMERIC_TUNABLES and isinstance(wanted, int | float) and not isinstance(wanted, bool):
+        if not math.isfinite(wanted):
+            return TuneResult(knob, current, current, f"{knob} {wanted!r} is not a finite number")
+        raw = wanted
+        wanted = _clamp(knob, wanted, bounds)  # clamp first: -8 from 8 is the lower bound
     problem = validate_value(knob, wanted)
     if problem is not None:
         return TuneResult(knob, current, current, problem)
@@ -182,6 +223,16 @@ def apply_tune(
             knob, current, current, f"{knob} {wanted!r} is not among its allowed values {list(bounds)}"
         )
     after = _clamp(knob, wanted, bounds)
+    numeric = knob in NUMERIC_TUNABLES
+    if numeric and ((direction > 0 and after < current) or (direction < 0 and after > current)):
+        # The engine runs outside its bounds (a person set it): a step never goes the other way.
+        return TuneResult(
+            knob,
+            current,
+            current,
+            f"{knob} {current} is outside its bounds {list(bounds)}: "
+            f"a step {'up' if direction > 0 else 'down'} would move it the other way",
+        )
     if direction > 0 and after in failed:
         return TuneResult(
             knob,
@@ -193,7 +244,7 @@ def apply_tune(
     if after == current:
         edge = (
             "bound"
-            if wanted != after
+            if raw != after
             else ("ladder's end" if operation in ("step_down", "step_up") else "value")
         )
         return TuneResult(
@@ -209,14 +260,6 @@ def _clamp(knob: str, value: Any, bounds: Sequence[Any]) -> Any:
     low, high = bounds[0], bounds[1]
     clamped = min(max(value, low), high)
     return int(clamped) if knob in _INTEGER_TUNABLES else _two_decimals(clamped)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def settings_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -60,35 +60,34 @@ def format_path(path: Sequence[str | int]) -> str:
     return text
 
 
-def _construct(node: Node, path: PathKey, lines: dict[PathKey, int], problems: list[tuple[int, str]]) -> Any:
-    lines[path] = node.start_mark.line + 1
+def _walk(node: Node, path: PathKey, lines: dict[PathKey, int], problems: list[tuple[int, str]]) -> None:
+    """Record the line of every value; report duplicate keys (PyYAML keeps the last silently)."""
+    lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, MappingNode):
-        result: dict[Any, Any] = {}
+        seen: set[str] = set()
         for key_node, value_node in node.value:
-            key = (
-                yaml.safe_load(yaml.serialize(key_node))
-                if not isinstance(key_node, ScalarNode)
-                else (_scalar(key_node))
-            )
-            if key in result:
+            if not isinstance(key_node, ScalarNode):
+                continue  # complex keys: the data itself is refused elsewhere
+            key = key_node.value
+            if key == "<<":
+                continue  # a merge key: its values keep the anchor's lines
+            if key in seen:
                 problems.append(
-                    (key_node.start_mark.line + 1, f"{format_path((*path, str(key)))}: duplicate key '{key}'")
+                    (key_node.start_mark.line + 1, f"{format_path((*path, key))}: duplicate key '{key}'")
                 )
-            child = (*path, key if isinstance(key, str | int) else str(key))
-            result[key] = _construct(value_node, child, lines, problems)
-        return result
-    if isinstance(node, SequenceNode):
-        return [_construct(item, (*path, index), lines, problems) for index, item in enumerate(node.value)]
-    return _scalar(node)
-
-
-def _scalar(node: Node) -> Any:
-    return yaml.SafeLoader(yaml.serialize(node)).get_single_data() if isinstance(node, ScalarNode) else None
+            seen.add(key)
+            child: PathKey = (*path, int(key) if key.isdigit() else key)
+            _walk(value_node, child, lines, problems)
+            if key.isdigit():
+                _walk(value_node, (*path, key), lines, problems)
+    elif isinstance(node, SequenceNode):
+        for index, item in enumerate(node.value):
+            _walk(item, (*path, index), lines, problems)
 
 
 def load_yaml(path: str | Path, text: str | None = None) -> Located:
-    """Parse ``path`` (or ``text`` named by it). Raises :class:`YamlError` on syntax errors and
-    duplicate keys, each ``file:line: message``."""
+    """Parse ``path`` (or ``text`` named by it). Raises :class:`YamlError` on syntax errors,
+    values YAML cannot build, and duplicate keys, each ``file:line: message``."""
     name = str(path)
     if text is None:
         try:
@@ -99,14 +98,21 @@ def load_yaml(path: str | Path, text: str | None = None) -> Located:
             raise YamlError(f"{name}: cannot read: {error}") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.load(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         problem = getattr(error, "problem", None) or str(error)
         raise YamlError(f"{name}:{line}: YAML syntax error: {problem}") from None
+    except (TypeError, ValueError, RecursionError) as error:  # e.g. a list as a mapping key
+        raise YamlError(f"{name}: YAML that cannot be read as data: {error}") from None
     lines: dict[PathKey, int] = {}
     problems: list[tuple[int, str]] = []
-    data = None if node is None else _construct(node, (), lines, problems)
+    if node is not None:
+        try:
+            _walk(node, (), lines, problems)
+        except RecursionError:
+            raise YamlError(f"{name}: nested too deeply") from None
     if problems:
         raise YamlError("\n".join(f"{name}:{line}: {message}" for line, message in problems))
     return Located(name, data, lines)

@@ -14,8 +14,9 @@ Policies that fire at the same tick merge into one plan in a fixed order — cra
 first, then memory, then saturation, then the rest, each group in file order: the first tune
 of a knob wins, ``first_of`` takes the first alternative that changes something, ``hold``
 drops the tunes and the restart, ``rollback`` drops the tunes, and a policy whose tunes all
-change nothing asks for no restart. At most one restart. The plan's mode is the most careful
-of the policies' modes, each capped by the global mode.
+change nothing asks for no restart. At most one restart. Each policy's mode is capped by the
+global mode; the plan takes the highest of them, and a policy with a more careful mode than
+the plan's only proposes (its alerts go out, its tunes are reasons, not changes).
 """
 
 from __future__ import annotations
@@ -266,6 +267,10 @@ def _mode(policy: Policy, global_mode: str) -> str:
 
 def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, now: float) -> ActionPlan:
     fired = sorted(fired, key=lambda item: _CATEGORY_ORDER[_category(item[0].when)])
+    # Only the policies at the plan's mode act; a more careful one (advise under act) does not
+    # hold the others back: it is reported as a proposal and its alerts still go out.
+    mode = max((_mode(policy, context.mode) for policy, _ in fired), key=MODE_ORDER.__getitem__)
+    proposals = [policy for policy, _ in fired if _mode(policy, context.mode) != mode]
     settings = dict(context.settings)
     tunes: list[TuneResult] = []
     touched: set[str] = set()
@@ -304,11 +309,33 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
     for policy, _ in fired:
         policy_tunes: list[TuneResult] = []
         wants_restart: RestartSpec | None = None
+        if policy in proposals:
+            for action in policy.then:
+                if isinstance(action, NotifyAction):
+                    notify.append(
+                        (
+                            policy.name,
+                            action.notify.severity,
+                            tuple(action.notify.to) if action.notify.to else None,
+                        )
+                    )
+                elif isinstance(action, TuneAction | FirstOfAction):
+                    knobs = action.tune if isinstance(action, TuneAction) else action.first_of[0].tune
+                    reasons += [
+                        f"{policy.name} (mode {_mode(policy, context.mode)}, proposed only): {r.reason}"
+                        for r in tune(knobs, dry=True)
+                    ]
+            continue
         for action in policy.then:
             if isinstance(action, TuneAction):
                 policy_tunes += tune(action.tune)
             elif isinstance(action, FirstOfAction):
+                # The first alternative whose knob is not at its bound: one already moved by an
+                # earlier policy in this plan counts as taken (no second knob on top of it).
                 for option in action.first_of:
+                    if any(knob in touched for knob in option.tune):
+                        policy_tunes += tune(option.tune, dry=True)
+                        break
                     if any(result.changed for result in tune(option.tune, dry=True)):
                         policy_tunes += tune(option.tune)
                         break
@@ -344,12 +371,11 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
         reasons.append("rollback: return to the last known good settings")
         tunes = [replace(t, after=t.before, reason=f"{t.reason} (dropped: rollback)") for t in tunes]
         settings = dict(context.settings)
-    modes = [_mode(policy, context.mode) for policy, _ in fired]
     return ActionPlan(
         engine=context.name,
         time=now,
         policies=tuple(policy.name for policy, _ in fired),
-        mode=min(modes, key=MODE_ORDER.__getitem__),
+        mode=mode,
         before=dict(context.settings),
         after=settings,
         tunes=tuple(tunes),
@@ -417,4 +443,13 @@ def evaluate(
             last_evaluated=now,
             holds=holds,
         )
-    return new, (_plan(fired, context, now) if fired else None)
+    if not fired:
+        return new, None
+    try:
+        return new, _plan(fired, context, now)
+    except Exception as error:  # a plan that cannot be built is the firing policies' error
+        for policy, _ in fired:
+            new[policy.name] = replace(
+                new[policy.name], health="error", last_error=f"plan: {type(error).__name__}: {error}"
+            )
+        return new, None

@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from tunerd.signals import SIGNALS
 from tunerd.sources.engine_log import CRASH_KINDS
-from tunerd.tune import OPERATIONS, TUNABLES, validate_value
+from tunerd.tune import TUNABLES, tune_problem
 from tunerd.units import UnitError, parse_duration, parse_size
 from tunerd.yamlfile import Located, Problem, YamlError, load_yaml, located
 
@@ -52,9 +52,12 @@ def _duration(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"invalid duration {value!r}: expected e.g. '10m'")
     try:
-        return parse_duration(value)
-    except UnitError as error:
+        seconds = parse_duration(value)
+    except (UnitError, OverflowError) as error:
         raise ValueError(str(error)) from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"invalid duration {value!r}: expected e.g. '10m'")
+    return seconds
 
 
 def _size(value: Any) -> int:
@@ -62,14 +65,20 @@ def _size(value: Any) -> int:
         raise ValueError(f"invalid size {value!r}: expected e.g. '512MiB'")
     try:
         return parse_size(value)
-    except UnitError as error:
+    except (UnitError, OverflowError) as error:
         raise ValueError(str(error)) from None
 
 
 def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"expected a number, got {value!r}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"number out of range: {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return number
 
 
 Duration = Annotated[float, BeforeValidator(_duration)]
@@ -174,7 +183,7 @@ Action = TuneAction | FirstOfAction | RestartAction | RollbackAction | HoldActio
 
 class Policy(_Strict):
     name: str = Field(min_length=1)
-    description: str = ""
+    description: str | None = ""
     when: Condition
     then: list[Action] = Field(min_length=1)
     cooldown: Duration = 0.0
@@ -186,7 +195,7 @@ class _PolicyHead(_Strict):
     """A policy's own fields; ``when`` and ``then`` are checked node by node."""
 
     name: str = Field(min_length=1)
-    description: str = ""
+    description: str | None = ""
     when: Any = None
     then: Any = None
     cooldown: Duration = 0.0
@@ -301,7 +310,7 @@ class _Checker:
 
     def _check_metric(self, data: dict[str, Any], path: tuple[str | int, ...]) -> None:
         metric = data.get("metric")
-        if metric not in SIGNALS:
+        if not isinstance(metric, str) or metric not in SIGNALS:
             self.problem((*path, "metric"), f"unknown signal '{metric}' (see docs/signals.md)")
         tests = [name for name in ("above", "below", "equals", "rate_above", "rate_below") if name in data]
         if len(tests) != 1:
@@ -340,22 +349,9 @@ class _Checker:
                     (*path, str(knob)), f"'{knob}' is not a tunable flag (tunables: {', '.join(TUNABLES)})"
                 )
                 continue
-            if operation in OPERATIONS:
-                continue
-            if not isinstance(operation, bool) and isinstance(operation, int | float) and operation < 0:
-                continue  # a negative delta
-            if isinstance(operation, str) and operation[:1] in "+-":
-                try:
-                    float(operation)
-                    continue
-                except ValueError:
-                    pass
-            problem = validate_value(knob, operation)
+            problem = tune_problem(knob, operation)
             if problem is not None:
-                self.problem(
-                    (*path, str(knob)),
-                    f"{problem} (or one of: {', '.join(OPERATIONS)}, a delta like '-0.03')",
-                )
+                self.problem((*path, str(knob)), problem)
 
 
 def _fields(cls: type[BaseModel]) -> list[str]:
@@ -369,7 +365,7 @@ def _validate(source: Located) -> tuple[PolicyFile | None, list[Problem]]:
         return None, [Problem((), "expected a mapping with 'version: 1' and 'policies:'")]
     for key in set(data) - {"version", "policies"}:
         file_checker.problem((str(key),), "unknown field (allowed: version, policies)")
-    if data.get("version") != 1:
+    if data.get("version") != 1 or isinstance(data.get("version"), bool):
         file_checker.problem(("version",), f"expected 'version: 1', got {data.get('version')!r}")
     raw_policies = data.get("policies")
     if not isinstance(raw_policies, list):
@@ -419,7 +415,10 @@ def load_policy_file(path: str | Path, text: str | None = None) -> PolicyFile:
         source = load_yaml(path, text)
     except YamlError as error:
         raise PolicyError(str(error).splitlines()) from None
-    result, problems = _validate(source)
+    try:
+        result, problems = _validate(source)
+    except RecursionError:
+        raise PolicyError([f"{path}: conditions nested too deeply"]) from None
     if problems or result is None:
         raise PolicyError(located(source, problems) or [f"{path}: no policies"])
     return result

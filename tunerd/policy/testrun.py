@@ -12,6 +12,7 @@ interval of ``at``; ``expect_no_actions`` means nothing at all may happen and
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from tunerd.policy.engine import ActionPlan, EngineContext, evaluate, new_states
 from tunerd.policy.schema import EVENTS, MODES, Policy, PolicyError, load_policy_files
 from tunerd.signals import SIGNALS
 from tunerd.store import Event, Store
-from tunerd.tune import TUNABLES
+from tunerd.tune import NUMERIC_TUNABLES, TUNABLES, validate_value
 from tunerd.units import UnitError, parse_duration
 from tunerd.yamlfile import Problem, YamlError, load_yaml, located
 
@@ -32,6 +33,7 @@ _TERM = re.compile(
     r"^(?P<start>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|_)(?:(?P<step>[-+](?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)?x(?P<count>\d+))?$"
 )
 ENGINE = "engine"
+MAX_SAMPLES = 1_000_000
 
 
 class SeriesError(ValueError):
@@ -45,11 +47,15 @@ def expand_series(text: str | int | float) -> list[float | None]:
     if isinstance(text, int | float):
         return [float(text)]
     values: list[float | None] = []
+    if not isinstance(text, str):
+        raise SeriesError(f"invalid series {text!r}: expected a string such as '0.5x11 0.9x132'")
     for term in text.split():
         match = _TERM.match(term)
         if match is None:
             raise SeriesError(f"invalid series term '{term}' (expected a, axN, a+bxN, a-bxN or _)")
         count = int(match["count"]) if match["count"] is not None else 0
+        if len(values) + count > MAX_SAMPLES:
+            raise SeriesError(f"invalid series term '{term}': more than {MAX_SAMPLES:,} samples")
         if match["start"] == "_":
             if match["step"]:
                 raise SeriesError(f"invalid series term '{term}': a missing sample has no step")
@@ -109,8 +115,8 @@ def _run_one(
     series = {name: expand_series(text) for name, text in (test.get("series") or {}).items()}
     length = max((len(values) for values in series.values()), default=0)
     events = sorted(test.get("events") or [], key=lambda item: parse_duration(item["at"]))
-    if events:
-        length = max(length, int(parse_duration(events[-1]["at"]) / interval) + 1)
+    if events:  # evaluate at least once at or after the last event
+        length = max(length, math.ceil(parse_duration(events[-1]["at"]) / interval - 1e-9) + 1)
     context = EngineContext(
         name=ENGINE,
         settings=dict(engine.get("settings") or {}),
@@ -177,75 +183,141 @@ def _expectation(expected: dict[str, Any]) -> str:
     return ", ".join(parts) or "an action"
 
 
-def _check_file(data: Any) -> list[Problem]:
-    problems: list[Problem] = []
-    if not isinstance(data, dict):
-        return [Problem((), "expected a mapping with policies, engine, interval and tests")]
-    for key in set(data) - {"policies", "engine", "interval", "tests", "mode"}:
-        problems.append(Problem((str(key),), "unknown field (allowed: policies, engine, interval, tests)"))
-    if not isinstance(data.get("policies"), list) or not data["policies"]:
-        problems.append(Problem(("policies",), "expected a list of policy files"))
+def _duration_problem(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return f"invalid duration {value!r}: expected e.g. '5s'"
     try:
-        parse_duration(data.get("interval", "5s"))
-    except UnitError as error:
-        problems.append(Problem(("interval",), str(error)))
-    engine = data.get("engine") or {}
+        seconds = parse_duration(value)
+    except (UnitError, OverflowError) as error:
+        return str(error)
+    return None if math.isfinite(seconds) else f"invalid duration {value!r}"
+
+
+def _check_engine(engine: Any) -> list[Problem]:
     if not isinstance(engine, dict):
-        problems.append(Problem(("engine",), "expected a mapping"))
-        engine = {}
-    for key in set(engine) - {"settings", "bounds", "ladders", "mode"}:
-        problems.append(
-            Problem(("engine", str(key)), "unknown field (allowed: settings, bounds, ladders, mode)")
-        )
+        return [Problem(("engine",), "expected a mapping with settings, bounds, ladders, mode")]
+    problems = [
+        Problem(("engine", str(key)), "unknown field (allowed: settings, bounds, ladders, mode)")
+        for key in set(engine) - {"settings", "bounds", "ladders", "mode"}
+    ]
     for section in ("settings", "bounds", "ladders"):
-        for knob in engine.get(section) or {}:
+        content = engine.get(section) or {}
+        if not isinstance(content, dict):
+            problems.append(Problem(("engine", section), "expected a mapping of knob: value"))
+            continue
+        for knob, value in content.items():
+            where = ("engine", section, str(knob))
             if knob not in TUNABLES:
-                problems.append(Problem(("engine", section, str(knob)), f"'{knob}' is not a tunable"))
+                problems.append(Problem(where, f"'{knob}' is not a tunable"))
+            elif section == "settings" and (problem := validate_value(knob, value)) is not None:
+                problems.append(Problem(where, problem))
+            elif section != "settings":
+                if not isinstance(value, list) or not value or any(validate_value(knob, v) for v in value):
+                    problems.append(Problem(where, f"expected a list of valid {knob} values"))
+                elif (
+                    section == "bounds"
+                    and knob in NUMERIC_TUNABLES
+                    and (len(value) != 2 or value[0] > value[1])
+                ):
+                    problems.append(Problem(where, "expected [low, high]"))
     if engine.get("mode", "act") not in MODES:
         problems.append(Problem(("engine", "mode"), f"expected one of {', '.join(MODES)}"))
+    return problems
+
+
+def _check_test(test: Any, path: tuple[str | int, ...]) -> list[Problem]:
+    if not isinstance(test, dict) or not isinstance(test.get("name"), str):
+        return [Problem(path, "each test is a mapping with a name")]
+    context = f"test '{test['name']}'"
+    problems = [
+        Problem(
+            (*path, str(key)),
+            "unknown field (allowed: name, series, events, expect, "
+            "expect_no_actions, expect_no_other_actions)",
+            context,
+            2,
+        )
+        for key in set(test)
+        - {"name", "series", "events", "expect", "expect_no_actions", "expect_no_other_actions"}
+    ]
+    series = test.get("series") or {}
+    if not isinstance(series, dict):
+        problems.append(Problem((*path, "series"), "expected a mapping of signal: series", context, 2))
+        series = {}
+    for name, text in series.items():
+        if name not in SIGNALS:
+            problems.append(Problem((*path, "series", str(name)), f"unknown signal '{name}'", context, 2))
+        try:
+            expand_series(text)
+        except SeriesError as error:
+            problems.append(Problem((*path, "series", str(name)), str(error), context, 2))
+    for key, allowed in (
+        ("events", set(EVENTS)),
+        ("expect", {"tune", "restart", "rollback", "hold", "notify"}),
+    ):
+        items = test.get(key) or []
+        if not isinstance(items, list):
+            problems.append(Problem((*path, key), "expected a list", context, 2))
+            continue
+        for position, item in enumerate(items):
+            where = (*path, key, position)
+            if not isinstance(item, dict) or "at" not in item:
+                problems.append(Problem(where, "each entry is a mapping with `at`", context, 2))
+                continue
+            if (problem := _duration_problem(item["at"])) is not None:
+                problems.append(Problem((*where, "at"), problem, context, 2))
+            others = [k for k in item if k != "at"]
+            if key == "events":
+                if len(others) != 1 or others[0] not in allowed:
+                    problems.append(
+                        Problem(where, f"expected `at` and one event of {', '.join(EVENTS)}", context, 2)
+                    )
+                elif not isinstance(item[others[0]] or {}, dict):
+                    problems.append(
+                        Problem(
+                            (*where, str(others[0])),
+                            "event fields are a mapping, e.g. {kind: cuda_oom}",
+                            context,
+                            2,
+                        )
+                    )
+            else:
+                for other in others:
+                    if other not in allowed:
+                        problems.append(Problem((*where, str(other)), "unknown field", context, 2))
+                if "tune" in item and not isinstance(item["tune"], dict):
+                    problems.append(
+                        Problem((*where, "tune"), "expected a mapping of knob: value", context, 2)
+                    )
+                if "notify" in item and not isinstance(item["notify"], dict | bool):
+                    problems.append(
+                        Problem((*where, "notify"), "expected true or {severity: ...}", context, 2)
+                    )
+    return problems
+
+
+def _check_file(data: Any) -> list[Problem]:
+    if not isinstance(data, dict):
+        return [Problem((), "expected a mapping with policies, engine, interval and tests")]
+    problems = [
+        Problem((str(key),), "unknown field (allowed: policies, engine, interval, tests)")
+        for key in set(data) - {"policies", "engine", "interval", "tests"}
+    ]
+    files = data.get("policies")
+    if not isinstance(files, list) or not files or not all(isinstance(item, str) for item in files):
+        problems.append(Problem(("policies",), "expected a list of policy file names"))
+    interval = data.get("interval", "5s")
+    if (problem := _duration_problem(interval)) is not None:
+        problems.append(Problem(("interval",), problem))
+    elif parse_duration(interval) <= 0:
+        problems.append(Problem(("interval",), "the interval must be more than zero"))
+    problems += _check_engine(data.get("engine") or {})
     tests = data.get("tests")
     if not isinstance(tests, list) or not tests:
         problems.append(Problem(("tests",), "expected a list of tests"))
         return problems
     for index, test in enumerate(tests):
-        path: tuple[str | int, ...] = ("tests", index)
-        if not isinstance(test, dict) or "name" not in test:
-            problems.append(Problem(path, "each test needs a name"))
-            continue
-        context = f"test '{test['name']}'"
-        for name, text in (test.get("series") or {}).items():
-            if name not in SIGNALS:
-                problems.append(Problem((*path, "series", str(name)), f"unknown signal '{name}'", context, 2))
-            try:
-                expand_series(text)
-            except SeriesError as error:
-                problems.append(Problem((*path, "series", str(name)), str(error), context, 2))
-        for position, item in enumerate(test.get("events") or []):
-            kinds = [key for key in (item if isinstance(item, dict) else {}) if key != "at"]
-            if not isinstance(item, dict) or "at" not in item or len(kinds) != 1 or kinds[0] not in EVENTS:
-                problems.append(
-                    Problem(
-                        (*path, "events", position),
-                        f"expected `at` and one event of {', '.join(EVENTS)}",
-                        context,
-                        2,
-                    )
-                )
-        for position, item in enumerate(test.get("expect") or []):
-            if not isinstance(item, dict) or "at" not in item:
-                problems.append(
-                    Problem((*path, "expect", position), "each expectation needs `at`", context, 2)
-                )
-                continue
-            for key in set(item) - {"at", "tune", "restart", "rollback", "hold", "notify"}:
-                problems.append(Problem((*path, "expect", position, str(key)), "unknown field", context, 2))
-        for key in ("events", "expect"):
-            for position, item in enumerate(test.get(key) or []):
-                if isinstance(item, dict) and "at" in item:
-                    try:
-                        parse_duration(item["at"])
-                    except UnitError as error:
-                        problems.append(Problem((*path, key, position, "at"), str(error), context, 2))
+        problems += _check_test(test, ("tests", index))
     return problems
 
 
