@@ -1,0 +1,166 @@
+"""Settings ↔ vLLM flags, for the allowlisted tunables only, in vLLM 0.33's spellings. Pure.
+
+tunerd owns the tunables (:data:`tunerd.tune.TUNABLES`) and appends them, with
+``--shutdown-timeout``, to the operator's ``command``; a tunable written into ``command`` is a
+config error (two owners of one flag). Booleans are ``--x`` / ``--no-x`` (vLLM's
+``BooleanOptionalAction``). tunerd never emits ``--disable-log-stats`` (it removes every
+``vllm:`` metric) or flags vLLM removed (``--swap-space``, ``--disable-log-requests``,
+``--preemption-mode``). :func:`settings_from_argv` reads the tunables back from a running
+engine's argv (for adoption), :func:`settings_from_cache_config` from its
+``vllm:cache_config_info`` labels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tunerd.tune import BOOLEAN_TUNABLES, TUNABLES, validate_value
+
+__all__ = [
+    "FLAGS",
+    "FORBIDDEN_FLAGS",
+    "ArgsError",
+    "command_problems",
+    "engine_argv",
+    "settings_from_argv",
+    "settings_from_cache_config",
+    "settings_to_args",
+]
+
+#: knob → vLLM 0.33 flag.
+FLAGS: dict[str, str] = {knob: "--" + knob.replace("_", "-") for knob in TUNABLES}
+#: Flags tunerd never passes, and refuses in an engine's command.
+FORBIDDEN_FLAGS = {
+    "--disable-log-stats": "it removes every vllm: metric tunerd reads",
+    "--swap-space": "removed in vLLM 0.18",
+    "--disable-log-requests": "removed; vLLM 0.33 rejects it",
+    "--preemption-mode": "V0 only; vLLM 0.33 rejects it",
+}
+_INTEGER_KNOBS = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"}
+_FLAG_TO_KNOB = {flag: knob for knob, flag in FLAGS.items()}
+_NEGATED = {
+    "--no-" + flag.removeprefix("--"): knob for knob, flag in FLAGS.items() if knob in BOOLEAN_TUNABLES
+}
+
+
+class ArgsError(ValueError):
+    """Settings that cannot become vLLM flags; the message names the knob."""
+
+
+def _format(knob: str, value: Any) -> str:
+    if knob == "gpu_memory_utilization":
+        return f"{float(value):.4g}"
+    if knob in _INTEGER_KNOBS:
+        return str(int(value))
+    return str(value)
+
+
+def settings_to_args(settings: Mapping[str, Any]) -> list[str]:
+    """The flags for ``settings`` (tunables only, in a fixed order); None values are omitted
+    (vLLM's default applies)."""
+    unknown = sorted(set(settings) - set(TUNABLES))
+    if unknown:
+        raise ArgsError(f"not tunables: {', '.join(unknown)}")
+    args: list[str] = []
+    for knob in TUNABLES:
+        value = settings.get(knob)
+        if value is None:
+            continue
+        problem = validate_value(knob, value)
+        if problem is not None:
+            raise ArgsError(problem)
+        flag = FLAGS[knob]
+        if knob in BOOLEAN_TUNABLES:
+            args.append(flag if value else "--no-" + flag.removeprefix("--"))
+        else:
+            args += [flag, _format(knob, value)]
+    return args
+
+
+def engine_argv(command: Sequence[str], settings: Mapping[str, Any], shutdown_timeout: float) -> list[str]:
+    """The engine's whole argv: the operator's command, the tunables, the drain timeout."""
+    problems = command_problems(command)
+    if problems:
+        raise ArgsError(problems[0])
+    return [*command, *settings_to_args(settings), "--shutdown-timeout", f"{shutdown_timeout:g}"]
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def command_problems(command: Sequence[str]) -> list[str]:
+    """Why ``command`` cannot be an engine command: tunables tunerd owns, forbidden flags,
+    a drain timeout tunerd sets itself."""
+    problems = []
+    for arg in command:
+        name = _flag_name(arg)
+        knob = _FLAG_TO_KNOB.get(name) or _NEGATED.get(name)
+        if knob is not None:
+            problems.append(
+                f"{name} is tuned by tunerd: set {knob} under the engine's settings, not in command"
+            )
+        elif name in FORBIDDEN_FLAGS:
+            problems.append(f"{name} is not allowed in command: {FORBIDDEN_FLAGS[name]}")
+        elif name == "--shutdown-timeout":
+            problems.append("--shutdown-timeout is set by tunerd from the restart's drain time")
+    return problems
+
+
+def _parse(knob: str, text: str) -> Any:
+    if knob == "gpu_memory_utilization":
+        return float(text)
+    if knob in _INTEGER_KNOBS:
+        return int(text)
+    return text
+
+
+def settings_from_argv(argv: Sequence[str]) -> dict[str, Any]:
+    """The tunables an engine was started with (``--flag value``, ``--flag=value``,
+    ``--x``/``--no-x``); later flags win, as in argparse. Unparsable values are skipped."""
+    settings: dict[str, Any] = {}
+    position = 0
+    while position < len(argv):
+        arg = argv[position]
+        name, _, inline = arg.partition("=")
+        position += 1
+        if name in _NEGATED:
+            settings[_NEGATED[name]] = False
+            continue
+        knob = _FLAG_TO_KNOB.get(name)
+        if knob is None:
+            continue
+        if knob in BOOLEAN_TUNABLES:
+            settings[knob] = True
+            continue
+        value = inline if arg.count("=") else (argv[position] if position < len(argv) else None)
+        if not arg.count("="):
+            position += 1
+        if value is None:
+            continue
+        try:
+            settings[knob] = _parse(knob, value)
+        except ValueError:
+            continue
+    return settings
+
+
+def settings_from_cache_config(labels: Mapping[str, str]) -> dict[str, Any]:
+    """What ``vllm:cache_config_info`` tells of the running settings (a partial set)."""
+    settings: dict[str, Any] = {}
+    utilization = labels.get("gpu_memory_utilization")
+    if utilization is not None and utilization != "None":
+        with contextlib.suppress(ValueError):
+            settings["gpu_memory_utilization"] = float(utilization)
+    dtype = labels.get("cache_dtype")
+    if dtype not in (None, "None"):
+        settings["kv_cache_dtype"] = dtype
+    memory = labels.get("kv_cache_memory_bytes")
+    if memory not in (None, "None") and str(memory).isdigit():
+        settings["kv_cache_memory_bytes"] = int(memory)
+    prefix = labels.get("enable_prefix_caching")
+    if prefix in ("True", "False"):
+        settings["enable_prefix_caching"] = prefix == "True"
+    return settings
