@@ -1,0 +1,192 @@
+"""The state database: versions, last-known-good, actions, intents; durable across kill -9."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tunerd.state import HostLock, State, StateError
+
+SEED = {"gpu_memory_utilization": 0.92, "max_num_seqs": 8}
+
+
+def test_versions_running_and_last_known_good(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+    first = state.add_version("llama", SEED, "initial", now=10.0)
+    assert state.set_running("llama", first, pid=4242, pid_start=99.5, argv=["vllm", "serve"]) == 1
+    state.promote("llama", first, startup_seconds=61.0)
+    second = state.add_version("llama", {**SEED, "max_num_seqs": 6}, "tune", now=20.0)
+    assert state.set_running("llama", second) == 2
+    record = state.engine("llama")
+    assert record is not None
+    assert (record.running, record.last_known_good, record.generation) == (second, first, 2)
+    assert state.version(first).startup_seconds == 61.0
+    assert state.version(second).settings == {"gpu_memory_utilization": 0.92, "max_num_seqs": 6}
+    assert state.engine("other") is None
+
+
+def test_failed_values_are_the_knobs_that_differed(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+    good = state.add_version("e", SEED, "initial", now=0.0)
+    state.promote("e", good)
+    bad = state.add_version("e", {**SEED, "max_num_seqs": 12}, "tune", now=100.0)
+    state.mark_failed(bad, now=200.0)
+    assert state.failed_values("e", since=0.0) == {"max_num_seqs": [12]}
+    assert state.failed_values("e", since=300.0) == {}
+
+
+def test_history_contract_newest_first_and_update_in_place(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+    first = state.record_action(
+        engine="e", kind="notify", mode="observe", outcome="proposed", reason="a", now=1_800_000_000.0
+    )
+    restart = state.record_action(
+        engine="e",
+        kind="restart",
+        mode="act",
+        outcome="applied",
+        reason="pool saturated\nfor 10m",
+        now=1_800_000_060.0,
+        policy="kv-pool-saturated",
+        from_settings=SEED,
+        to_settings={**SEED, "max_num_seqs": 6},
+        evidence={"signals": {"kv_cache_usage": 0.93}},
+    )
+    state.update_action(restart, "succeeded", now=1_800_000_200.0)
+    history = state.history()
+    assert [h["id"] for h in history] == [restart, first]
+    newest = history[0]
+    assert set(newest) == {
+        "id",
+        "time",
+        "engine",
+        "policy",
+        "kind",
+        "mode",
+        "from_settings",
+        "to_settings",
+        "outcome",
+        "reason",
+        "evidence",
+    }
+    assert newest["time"] == "2027-01-15T08:01:00+00:00"
+    assert newest["outcome"] == "succeeded"
+    assert newest["reason"] == "pool saturated for 10m"  # one line
+    assert newest["evidence"] == {"signals": {"kv_cache_usage": 0.93}, "log_lines": []}
+    assert state.history(engine="nope") == []
+    assert len(state.history(limit=1)) == 1
+
+
+def test_invalid_kinds_and_outcomes_refused(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+    with pytest.raises(ValueError, match="unknown action kind"):
+        state.record_action(engine="e", kind="explode", mode="act", outcome="applied", reason="", now=0.0)
+    with pytest.raises(ValueError, match="unknown outcome"):
+        state.record_action(engine="e", kind="tune", mode="act", outcome="maybe", reason="", now=0.0)
+
+
+def test_intents_track_an_inflight_restart(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+    action = state.record_action(
+        engine="e", kind="restart", mode="act", outcome="applied", reason="r", now=0.0
+    )
+    old = state.add_version("e", SEED, "initial", now=0.0)
+    new = state.add_version("e", {**SEED, "max_num_seqs": 6}, "tune", now=1.0)
+    state.begin_intent("e", action, "drain", now=1.0, from_version=old, to_version=new)
+    state.advance_intent("e", "stop", now=2.0)
+    [intent] = state.intents()
+    assert (intent.step, intent.from_version, intent.to_version, intent.updated) == ("stop", old, new, 2.0)
+    state.clear_intent("e")
+    assert state.intents() == []
+    with pytest.raises(StateError, match="no restart in flight"):
+        state.advance_intent("e", "start", now=3.0)
+
+
+def test_wal_mode_and_readonly_reader(tmp_path: Path) -> None:
+    writer = State.open(tmp_path)
+    writer.record_action(engine="e", kind="tune", mode="advise", outcome="proposed", reason="r", now=0.0)
+    mode = sqlite3.connect(tmp_path / "tunerd.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    reader = State.open(tmp_path, readonly=True)
+    assert len(reader.history()) == 1
+    with pytest.raises(sqlite3.OperationalError):
+        reader._db.execute("DELETE FROM actions")
+    with pytest.raises(StateError, match="no state yet"):
+        State.open(tmp_path / "empty", readonly=True)
+
+
+def test_committed_actions_survive_kill_9(tmp_path: Path) -> None:
+    """A writer SIGKILLed mid-stream: every action it committed is there, none half-written."""
+    script = (
+        "import sys, time\n"
+        "from tunerd.state import State\n"
+        f"state = State.open({str(tmp_path)!r})\n"
+        "for n in range(100000):\n"
+        "    state.record_action(engine='e', kind='tune', mode='act', outcome='applied', reason=str(n), now=float(n))\n"
+        "    print(n, flush=True)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    seen = -1
+    deadline = time.monotonic() + 20
+    while seen < 50 and time.monotonic() < deadline:
+        seen = int(child.stdout.readline())
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    reasons = [int(h["reason"]) for h in State.open(tmp_path).history(limit=1_000_000)]
+    assert reasons == list(range(len(reasons) - 1, -1, -1))  # no gaps, none lost before the last printed
+    assert len(reasons) >= seen + 1
+
+
+def test_host_lock_one_tunerd_per_host(tmp_path: Path) -> None:
+    first = HostLock(tmp_path)
+    first.acquire()
+    script = f"from tunerd.state import HostLock\nHostLock({str(tmp_path)!r}).acquire()\n"
+    other = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert other.returncode != 0
+    assert "one tunerd per host" in other.stderr
+    first.release()
+    again = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert again.returncode == 0
+
+
+def test_history_command_reads_while_daemon_is_down(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+    state.record_action(
+        engine="llama",
+        kind="tune",
+        mode="act",
+        outcome="succeeded",
+        reason="oom",
+        policy="oom",
+        from_settings=SEED,
+        to_settings={**SEED, "gpu_memory_utilization": 0.89},
+        now=1_800_000_000.0,
+    )
+    state.close()
+    run = [sys.executable, "-m", "tunerd", "history", "--state-dir", str(tmp_path)]
+    result = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=30, check=True)
+    [action] = json.loads(result.stdout)["actions"]
+    assert action["to_settings"]["gpu_memory_utilization"] == 0.89
+    text = subprocess.run(run, capture_output=True, text=True, timeout=30, check=True).stdout
+    assert "llama tune (act) succeeded — gpu_memory_utilization 0.92→0.89" in text
+    empty = subprocess.run(
+        [sys.executable, "-m", "tunerd", "history", "--state-dir", str(tmp_path / "none"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert empty.returncode == 0
+    assert json.loads(empty.stdout) == {"actions": []}

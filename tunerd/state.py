@@ -1,0 +1,447 @@
+"""tunerd's durable state: settings versions, last-known-good, actions and restart intents.
+
+One SQLite file in ``state_dir`` (``tunerd.db``) in WAL mode with ``synchronous=FULL``: a
+committed write survives a power cut or a ``kill -9`` of tunerd at any point, and readers
+(``tunerd history``, which opens the file read-only) never block the daemon. One daemon per
+host holds :class:`HostLock` on ``state_dir/tunerd.lock``. Times are passed in (the daemon's
+clock); nothing here reads a clock.
+
+Tables:
+
+- ``versions``: every settings set an engine ran or was meant to run, where it came from
+  (``initial``, ``tune``, ``adopt``, ``rollback``, ``pin``), how long it took to start, and
+  when it failed;
+- ``engines``: per engine, the running version, the last-known-good one, the generation
+  (which start of the engine), the hold / pin / pause flags and the adopted process
+  (PID, start time, argv);
+- ``actions``: the history records of DESIGN §4.8, updated in place as a restart moves from
+  ``applied`` to ``succeeded``/``failed``/``rolled_back``;
+- ``intents``: the step an in-flight restart has reached, so a restarted tunerd can finish or
+  undo it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ACTION_KINDS",
+    "OUTCOMES",
+    "EngineRecord",
+    "HostLock",
+    "Intent",
+    "State",
+    "StateError",
+    "Version",
+]
+
+DB_NAME = "tunerd.db"
+LOCK_NAME = "tunerd.lock"
+ACTION_KINDS = ("tune", "restart", "rollback", "hold", "resume", "pin", "adopt", "notify")
+OUTCOMES = ("proposed", "applied", "succeeded", "failed", "rolled_back", "skipped")
+SOURCES = ("initial", "tune", "adopt", "rollback", "pin")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS versions (
+    id INTEGER PRIMARY KEY,
+    engine TEXT NOT NULL,
+    settings TEXT NOT NULL,
+    created REAL NOT NULL,
+    source TEXT NOT NULL,
+    startup_seconds REAL,
+    failed_at REAL
+);
+CREATE TABLE IF NOT EXISTS engines (
+    engine TEXT PRIMARY KEY,
+    running INTEGER REFERENCES versions(id),
+    last_known_good INTEGER REFERENCES versions(id),
+    generation INTEGER NOT NULL DEFAULT 0,
+    held INTEGER NOT NULL DEFAULT 0,
+    pinned INTEGER NOT NULL DEFAULT 0,
+    paused TEXT,
+    pid INTEGER,
+    pid_start REAL,
+    argv TEXT
+);
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY,
+    time REAL NOT NULL,
+    engine TEXT NOT NULL,
+    policy TEXT,
+    kind TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    from_settings TEXT,
+    to_settings TEXT,
+    outcome TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    evidence TEXT NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS actions_by_engine ON actions(engine, id);
+CREATE TABLE IF NOT EXISTS intents (
+    engine TEXT PRIMARY KEY,
+    action_id INTEGER NOT NULL REFERENCES actions(id),
+    step TEXT NOT NULL,
+    from_version INTEGER REFERENCES versions(id),
+    to_version INTEGER REFERENCES versions(id),
+    started REAL NOT NULL,
+    updated REAL NOT NULL
+);
+"""
+
+
+class StateError(Exception):
+    """The state cannot be opened or used; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class Version:
+    id: int
+    engine: str
+    settings: dict[str, Any]
+    created: float
+    source: str
+    startup_seconds: float | None
+    failed_at: float | None
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    engine: str
+    running: int | None
+    last_known_good: int | None
+    generation: int
+    held: bool
+    pinned: bool
+    paused: str | None
+    pid: int | None
+    pid_start: float | None
+    argv: list[str] | None
+
+
+@dataclass(frozen=True)
+class Intent:
+    engine: str
+    action_id: int
+    step: str
+    from_version: int | None
+    to_version: int | None
+    started: float
+    updated: float
+
+
+class HostLock:
+    """One tunerd per host: an exclusive ``flock`` on ``state_dir/tunerd.lock``, released by
+    the kernel when the process dies (so a ``kill -9`` never leaves it stuck)."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(state_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise StateError(f"{self.path} is held by tunerd pid {holder}: one tunerd per host") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _iso(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).isoformat(timespec="seconds")
+
+
+class State:
+    """The state database. ``readonly`` opens an existing file for reading only."""
+
+    def __init__(self, path: str | os.PathLike[str], readonly: bool = False) -> None:
+        self.path = Path(path)
+        try:
+            if readonly:
+                if not self.path.exists():
+                    raise StateError(f"{self.path}: no state yet")
+                self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.executescript(_SCHEMA)
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.row_factory = sqlite3.Row
+        except sqlite3.Error as error:
+            raise StateError(f"{self.path}: {error}") from None
+
+    @classmethod
+    def open(cls, state_dir: str | os.PathLike[str], readonly: bool = False) -> State:
+        return cls(Path(state_dir) / DB_NAME, readonly=readonly)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """All or nothing: ``BEGIN IMMEDIATE`` … ``COMMIT`` (rolled back on an exception)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # -- settings versions and engines ---------------------------------------------------
+    def add_version(self, engine: str, settings: Mapping[str, Any], source: str, now: float) -> int:
+        if source not in SOURCES:
+            raise ValueError(f"unknown version source '{source}'")
+        with self.transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO versions (engine, settings, created, source) VALUES (?, ?, ?, ?)",
+                (engine, json.dumps(dict(settings), sort_keys=True), now, source),
+            )
+            db.execute("INSERT OR IGNORE INTO engines (engine) VALUES (?)", (engine,))
+            return int(cursor.lastrowid or 0)
+
+    def version(self, version_id: int) -> Version:
+        row = self._db.execute("SELECT * FROM versions WHERE id = ?", (version_id,)).fetchone()
+        if row is None:
+            raise StateError(f"no settings version {version_id}")
+        return Version(
+            row["id"],
+            row["engine"],
+            json.loads(row["settings"]),
+            row["created"],
+            row["source"],
+            row["startup_seconds"],
+            row["failed_at"],
+        )
+
+    def engine(self, engine: str) -> EngineRecord | None:
+        row = self._db.execute("SELECT * FROM engines WHERE engine = ?", (engine,)).fetchone()
+        if row is None:
+            return None
+        return EngineRecord(
+            row["engine"],
+            row["running"],
+            row["last_known_good"],
+            row["generation"],
+            bool(row["held"]),
+            bool(row["pinned"]),
+            row["paused"],
+            row["pid"],
+            row["pid_start"],
+            json.loads(row["argv"]) if row["argv"] else None,
+        )
+
+    def set_running(
+        self,
+        engine: str,
+        version_id: int,
+        *,
+        pid: int | None = None,
+        pid_start: float | None = None,
+        argv: list[str] | None = None,
+    ) -> int:
+        """A new start of the engine with ``version_id``; returns its generation."""
+        with self.transaction() as db:
+            db.execute("INSERT OR IGNORE INTO engines (engine) VALUES (?)", (engine,))
+            db.execute(
+                "UPDATE engines SET running = ?, generation = generation + 1, pid = ?, pid_start = ?, "
+                "argv = ? WHERE engine = ?",
+                (version_id, pid, pid_start, json.dumps(argv) if argv is not None else None, engine),
+            )
+            row = db.execute("SELECT generation FROM engines WHERE engine = ?", (engine,)).fetchone()
+            return int(row["generation"])
+
+    def promote(self, engine: str, version_id: int, startup_seconds: float | None = None) -> None:
+        """``version_id`` passed probation: it is the last-known-good now."""
+        with self.transaction() as db:
+            db.execute("UPDATE engines SET last_known_good = ? WHERE engine = ?", (version_id, engine))
+            if startup_seconds is not None:
+                db.execute(
+                    "UPDATE versions SET startup_seconds = ? WHERE id = ?", (startup_seconds, version_id)
+                )
+
+    def mark_failed(self, version_id: int, now: float) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE versions SET failed_at = ? WHERE id = ?", (now, version_id))
+
+    def failed_values(self, engine: str, since: float) -> dict[str, list[Any]]:
+        """Knob values of versions that failed since ``since`` and differ from the
+        last-known-good: never stepped up to again (DESIGN §4.9's 7-day rule)."""
+        record = self.engine(engine)
+        good = self.version(record.last_known_good).settings if record and record.last_known_good else {}
+        failed: dict[str, list[Any]] = {}
+        rows = self._db.execute(
+            "SELECT settings FROM versions WHERE engine = ? AND failed_at IS NOT NULL AND failed_at >= ?",
+            (engine, since),
+        ).fetchall()
+        for row in rows:
+            for knob, value in json.loads(row["settings"]).items():
+                if good.get(knob) != value and value not in failed.setdefault(knob, []):
+                    failed[knob].append(value)
+        return {knob: values for knob, values in failed.items() if values}
+
+    def set_flags(
+        self,
+        engine: str,
+        *,
+        held: bool | None = None,
+        pinned: bool | None = None,
+        paused: str | bool | None = False,
+    ) -> None:
+        """Set hold / pin; ``paused`` is a reason (None clears it; False leaves it)."""
+        with self.transaction() as db:
+            db.execute("INSERT OR IGNORE INTO engines (engine) VALUES (?)", (engine,))
+            if held is not None:
+                db.execute("UPDATE engines SET held = ? WHERE engine = ?", (int(held), engine))
+            if pinned is not None:
+                db.execute("UPDATE engines SET pinned = ? WHERE engine = ?", (int(pinned), engine))
+            if paused is not False:
+                db.execute("UPDATE engines SET paused = ? WHERE engine = ?", (paused, engine))
+
+    # -- actions ---------------------------------------------------------------------------
+    def record_action(
+        self,
+        *,
+        engine: str,
+        kind: str,
+        mode: str,
+        outcome: str,
+        reason: str,
+        now: float,
+        policy: str | None = None,
+        from_settings: Mapping[str, Any] | None = None,
+        to_settings: Mapping[str, Any] | None = None,
+        evidence: Mapping[str, Any] | None = None,
+    ) -> int:
+        if kind not in ACTION_KINDS:
+            raise ValueError(f"unknown action kind '{kind}'")
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome '{outcome}'")
+        body = {"signals": {}, "log_lines": [], **dict(evidence or {})}
+        with self.transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO actions (time, engine, policy, kind, mode, from_settings, to_settings, outcome, "
+                "reason, evidence, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    now,
+                    engine,
+                    policy,
+                    kind,
+                    mode,
+                    _dump(from_settings),
+                    _dump(to_settings),
+                    outcome,
+                    " ".join(reason.split()),
+                    json.dumps(body, sort_keys=True, default=str),
+                    now,
+                ),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def update_action(self, action_id: int, outcome: str, now: float, reason: str | None = None) -> None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome '{outcome}'")
+        with self.transaction() as db:
+            if reason is None:
+                db.execute(
+                    "UPDATE actions SET outcome = ?, updated = ? WHERE id = ?", (outcome, now, action_id)
+                )
+            else:
+                db.execute(
+                    "UPDATE actions SET outcome = ?, reason = ?, updated = ? WHERE id = ?",
+                    (outcome, " ".join(reason.split()), now, action_id),
+                )
+
+    def history(self, engine: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """DESIGN §4.8's history records, newest first."""
+        query = (
+            "SELECT * FROM actions" + (" WHERE engine = ?" if engine else "") + " ORDER BY id DESC LIMIT ?"
+        )
+        rows = self._db.execute(query, ((engine, limit) if engine else (limit,))).fetchall()
+        return [
+            {
+                "id": row["id"],
+                "time": _iso(row["time"]),
+                "engine": row["engine"],
+                "policy": row["policy"],
+                "kind": row["kind"],
+                "mode": row["mode"],
+                "from_settings": json.loads(row["from_settings"]) if row["from_settings"] else None,
+                "to_settings": json.loads(row["to_settings"]) if row["to_settings"] else None,
+                "outcome": row["outcome"],
+                "reason": row["reason"],
+                "evidence": json.loads(row["evidence"]),
+            }
+            for row in rows
+        ]
+
+    # -- intents ---------------------------------------------------------------------------
+    def begin_intent(
+        self,
+        engine: str,
+        action_id: int,
+        step: str,
+        now: float,
+        *,
+        from_version: int | None,
+        to_version: int | None,
+    ) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO intents (engine, action_id, step, from_version, to_version, "
+                "started, updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (engine, action_id, step, from_version, to_version, now, now),
+            )
+
+    def advance_intent(self, engine: str, step: str, now: float) -> None:
+        with self.transaction() as db:
+            changed = db.execute(
+                "UPDATE intents SET step = ?, updated = ? WHERE engine = ?", (step, now, engine)
+            )
+            if changed.rowcount != 1:
+                raise StateError(f"no restart in flight for {engine}")
+
+    def clear_intent(self, engine: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM intents WHERE engine = ?", (engine,))
+
+    def intents(self) -> list[Intent]:
+        rows = self._db.execute("SELECT * FROM intents ORDER BY started").fetchall()
+        return [
+            Intent(
+                r["engine"],
+                r["action_id"],
+                r["step"],
+                r["from_version"],
+                r["to_version"],
+                r["started"],
+                r["updated"],
+            )
+            for r in rows
+        ]
+
+
+def _dump(settings: Mapping[str, Any] | None) -> str | None:
+    return None if settings is None else json.dumps(dict(settings), sort_keys=True)
