@@ -1,2 +1,2 @@
-"""Engine control: vLLM's flags (``args``), and — with the engine-control issue — the restart
-saga, supervise and systemd modes."""
+"""Engine control: vLLM's flags (``args``) and supervise mode's process (``process``); the
+restart saga and systemd mode come with the rest of the engine-control issue."""

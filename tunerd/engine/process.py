@@ -1,0 +1,282 @@
+"""Supervise mode's engine process: spawn, adopt, stop. Linux only (reads ``/proc``).
+
+The engine runs as tunerd's child in its own session and process group (``setsid``), from an
+argv list (no shell), with tunerd's environment minus its secrets plus the engine's ``env``.
+Its stdout and stderr go to a log file in ``state_dir`` opened for appending, so nothing ties
+the engine to tunerd: when tunerd dies the engine keeps serving, and the next tunerd adopts it
+by :class:`Identity` — PID, the kernel's start time for that PID (so a recycled PID is never
+mistaken for the engine) and argv.
+
+Stopping follows DESIGN §4.9: SIGTERM to the engine's main process only — vLLM's API server
+then drains in-flight requests for ``--shutdown-timeout`` seconds and stops its own engine
+core; a SIGTERM to the whole group would reach the engine core directly and abort the drain
+(measured on vLLM's CPU build, DESIGN §7) — then SIGKILL to the whole group if the main
+process outlives the timeout, then wait until no process of the group is left.
+
+The log is rotated at each spawn (``engine.log`` → ``engine.log.1`` …) and copy-truncated
+while it runs (:meth:`EngineProcess.rotate_log_if_large`): the engine writes with
+``O_APPEND``, so after a truncate its next line lands at the new end, and
+:class:`tunerd.sources.engine_log.FileFollower` reads it from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunerd.clock import SYSTEM_CLOCK, Clock
+
+__all__ = [
+    "SECRET_ENV_PREFIXES",
+    "EngineProcess",
+    "Identity",
+    "ProcessError",
+    "StopResult",
+    "engine_environment",
+    "group_members",
+    "read_identity",
+    "rotate",
+]
+
+#: Environment variables tunerd keeps to itself (webhook secrets and tokens live under these).
+SECRET_ENV_PREFIXES = ("TUNERD_",)
+_POLL_S = 0.05
+
+
+class ProcessError(RuntimeError):
+    """The engine could not be started or signalled; the message says why."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which process the engine is: enough to re-adopt it and never a recycled PID."""
+
+    pid: int
+    start_ticks: int  # /proc/PID/stat field 22: clock ticks after boot the process started
+    argv: tuple[str, ...]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # comm (field 2) is in parentheses and may hold spaces or ')': split after the last ')'.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def read_identity(pid: int) -> Identity | None:
+    """The identity of a live (not zombie) process, or None."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    argv = tuple(part.decode(errors="surrogateescape") for part in raw.split(b"\0")[:-1])
+    return Identity(pid, int(fields[19]), argv)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in process group ``pgid`` (zombies excluded: they hold no memory)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def engine_environment(
+    base: Mapping[str, str], extra: Mapping[str, str], secret_prefixes: Sequence[str] = SECRET_ENV_PREFIXES
+) -> dict[str, str]:
+    """tunerd's environment without its secrets, plus the engine's own ``env``."""
+    env = {key: value for key, value in base.items() if not key.startswith(tuple(secret_prefixes))}
+    env.update(extra)
+    return env
+
+
+def rotate(path: Path, keep: int) -> None:
+    """``path`` → ``path.1`` → … → ``path.keep`` (the oldest is dropped)."""
+    if keep < 1:
+        path.unlink(missing_ok=True)
+        return
+    for index in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{index}")
+        if older.exists():
+            older.replace(path.with_name(f"{path.name}.{index + 1}"))
+    if path.exists():
+        path.replace(path.with_name(f"{path.name}.1"))
+
+
+@dataclass(frozen=True)
+class StopResult:
+    how: str  # "exited" (drained and left on SIGTERM), "killed" (SIGKILL of the group), "gone"
+    seconds: float
+    returncode: int | None  # known only for tunerd's own child
+
+
+class EngineProcess:
+    """One engine process: spawned by this tunerd, or adopted from an earlier one."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        log_path: Path,
+        popen: subprocess.Popen[bytes] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.identity = identity
+        self.log_path = log_path
+        self._popen = popen
+        self._clock = clock
+
+    @property
+    def pid(self) -> int:
+        return self.identity.pid
+
+    @property
+    def adopted(self) -> bool:
+        return self._popen is None
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        log_path: str | os.PathLike[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        base_env: Mapping[str, str] | None = None,
+        keep_logs: int = 5,
+        cwd: str | os.PathLike[str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> EngineProcess:
+        if not argv:
+            raise ProcessError("the engine's command is empty")
+        path = Path(log_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rotate(path, keep_logs)
+        environment = engine_environment(os.environ if base_env is None else base_env, env or {})
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                cwd=cwd,
+                start_new_session=True,  # own session and group: outlives tunerd, killable as one
+                close_fds=True,
+            )
+        except OSError as error:
+            raise ProcessError(f"cannot start {argv[0]}: {error.strerror or error}") from None
+        finally:
+            os.close(fd)
+        identity = read_identity(popen.pid)
+        if identity is None:  # exited before we could look: keep what we know
+            identity = Identity(popen.pid, -1, tuple(argv))
+        return cls(identity, path, popen, clock)
+
+    @classmethod
+    def adopt(
+        cls, identity: Identity, log_path: str | os.PathLike[str], clock: Clock = SYSTEM_CLOCK
+    ) -> EngineProcess | None:
+        """The engine an earlier tunerd started, if that very process is still alive."""
+        live = read_identity(identity.pid)
+        if live is None or live.start_ticks != identity.start_ticks:
+            return None
+        return cls(live, Path(log_path), None, clock)
+
+    # -- state -------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        live = read_identity(self.pid)
+        return live is not None and live.start_ticks == self.identity.start_ticks
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status (negative: killed by that signal); None while running or adopted."""
+        return None if self._popen is None else self._popen.poll()
+
+    def argv_now(self) -> tuple[str, ...] | None:
+        """The argv the process reports now (None once it is gone)."""
+        live = read_identity(self.pid)
+        if live is None or live.start_ticks != self.identity.start_ticks:
+            return None
+        return live.argv
+
+    def members(self) -> list[int]:
+        return group_members(self.pid)
+
+    # -- stopping ----------------------------------------------------------------------------
+    def terminate(self) -> None:
+        """SIGTERM to the main process only: vLLM drains, then stops its engine core."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+
+    def kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+
+    def _wait(self, condition: Callable[[], bool], seconds: float) -> bool:
+        deadline = self._clock.monotonic() + seconds
+        while True:
+            if condition():
+                return True
+            if self._clock.monotonic() >= deadline:
+                return False
+            self._clock.sleep(_POLL_S)
+
+    def stop(self, timeout: float, group_timeout: float = 10.0) -> StopResult:
+        """SIGTERM the main process; SIGKILL the group if it outlives ``timeout``; return once
+        no process of the group is left (or ``group_timeout`` after the SIGKILL)."""
+        started = self._clock.monotonic()
+        if not self.alive() and not self.members():
+            return StopResult("gone", 0.0, self.returncode)
+        self.terminate()
+        how = "exited"
+        if not self._wait(lambda: not self.alive(), timeout):
+            how = "killed"
+            self.kill_group()
+            self._wait(lambda: not self.alive(), group_timeout)
+        if not self._wait(lambda: not self.members(), group_timeout if how == "killed" else 5.0):
+            how = "killed"  # the main process left, a child of it did not: take the group down
+            self.kill_group()
+            if not self._wait(lambda: not self.members(), group_timeout):
+                raise ProcessError(
+                    f"engine group {self.pid} still has processes {self.members()} after SIGKILL"
+                )
+        return StopResult(how, self._clock.monotonic() - started, self.returncode)
+
+    def wait_exit(self, timeout: float) -> bool:
+        return self._wait(lambda: not self.alive(), timeout)
+
+    # -- the log -------------------------------------------------------------------------------
+    def rotate_log_if_large(self, max_bytes: int, keep: int = 5) -> bool:
+        """Copy the running engine's log aside and truncate it in place (``copytruncate``)."""
+        try:
+            size = self.log_path.stat().st_size
+        except OSError:
+            return False
+        if size <= max_bytes:
+            return False
+        for index in range(keep - 1, 0, -1):
+            older = self.log_path.with_name(f"{self.log_path.name}.{index}")
+            if older.exists():
+                older.replace(self.log_path.with_name(f"{self.log_path.name}.{index + 1}"))
+        shutil.copyfile(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
+        with self.log_path.open("r+b") as handle:
+            handle.truncate(0)
+        return True
