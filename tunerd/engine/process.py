@@ -39,6 +39,7 @@ __all__ = [
     "ProcessError",
     "StopResult",
     "engine_environment",
+    "find_by_argv",
     "group_members",
     "read_identity",
     "rotate",
@@ -82,6 +83,19 @@ def read_identity(pid: int) -> Identity | None:
         return None
     argv = tuple(part.decode(errors="surrogateescape") for part in raw.split(b"\0")[:-1])
     return Identity(pid, int(fields[19]), argv)
+
+
+def find_by_argv(argv: Sequence[str]) -> Identity | None:
+    """A live process whose argv is exactly ``argv`` and which leads its own group: an engine
+    started just before tunerd died, before its identity was written down."""
+    wanted = tuple(argv)
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            identity = read_identity(int(entry.name))
+            fields = _stat_fields(int(entry.name))
+            if identity and fields and identity.argv == wanted and int(fields[2]) == identity.pid:
+                return identity
+    return None
 
 
 def group_members(pgid: int) -> list[int]:

@@ -1,0 +1,192 @@
+"""The restart saga against the simulator as a real process: a restart that passes, one that
+cannot start and is rolled back, and tunerd killed with SIGKILL at every step of a restart."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tunerd.engine.args import settings_from_argv
+from tunerd.engine.process import read_identity
+from tunerd.engine.saga import EngineSpec, Supervisor
+from tunerd.state import State
+
+pytestmark = pytest.mark.slow
+
+SEED_SETTINGS = {
+    "gpu_memory_utilization": 0.92,
+    "max_model_len": 32768,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 2048,
+    "kv_cache_dtype": "fp8",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _spec(tmp_path: Path, port: int) -> EngineSpec:
+    command = (
+        sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--time-scale", "50", "--sim-startup-seconds", "10",
+        "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "rtx4090",
+    )  # fmt: skip
+    return EngineSpec(
+        name="main",
+        command=command,
+        url=f"http://127.0.0.1:{port}",
+        log_path=tmp_path / "engines" / "main.log",
+        drain_seconds=30,
+        startup_timeout=30,
+        probation_seconds=1.0,
+    )
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[EngineSpec, State]]:
+    spec = _spec(tmp_path, _free_port())
+    state = State.open(tmp_path / "state")
+    yield spec, state
+    record = state.engine("main")
+    if record is not None and record.pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, signal.SIGKILL)
+    state.close()
+
+
+def _serving_settings(spec: EngineSpec, state: State) -> dict[str, object]:
+    """What the live engine was started with, read from its own argv."""
+    record = state.engine(spec.name)
+    assert record is not None
+    assert record.pid is not None
+    live = read_identity(record.pid)
+    assert live is not None, "the recorded engine is not running"
+    assert live.start_ticks == record.pid_start
+    assert httpx.get(spec.url + "/health", timeout=5).status_code == 200
+    return settings_from_argv(live.argv)
+
+
+def test_restart_with_new_settings_is_verified_and_promoted(world: tuple[EngineSpec, State]) -> None:
+    spec, state = world
+    supervisor = Supervisor(spec, state)
+    first = supervisor.start_initial(SEED_SETTINGS)
+    assert first.outcome == "succeeded"
+    safer = {**SEED_SETTINGS, "max_num_seqs": 4}
+    result = supervisor.restart(safer, reason="pool saturated", policy="pool-saturated")
+    assert result.outcome == "succeeded", result.reason
+    assert _serving_settings(spec, state) == safer
+    record = state.engine("main")
+    assert record is not None
+    assert record.last_known_good == result.version == record.running
+    assert record.generation == 2
+    assert state.version(result.version).startup_seconds is not None
+    assert state.intents() == []
+    tune = state.history()[0]
+    assert (tune["kind"], tune["outcome"], tune["policy"]) == ("tune", "succeeded", "pool-saturated")
+    assert tune["from_settings"]["max_num_seqs"] == 8
+    assert tune["to_settings"]["max_num_seqs"] == 4
+    assert "non-default args" in spec.log_path.read_text()  # the new engine's own log
+
+
+def test_settings_that_cannot_start_are_rolled_back(world: tuple[EngineSpec, State]) -> None:
+    spec, state = world
+    supervisor = Supervisor(spec, state)
+    assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
+    good = state.engine("main")
+    assert good is not None
+    # 128K tokens of 16-bit KV do not fit in half a 4090: vLLM refuses to start.
+    doomed = {
+        **SEED_SETTINGS,
+        "gpu_memory_utilization": 0.5,
+        "max_model_len": 131072,
+        "kv_cache_dtype": "auto",
+    }
+    result = supervisor.restart(doomed, reason="test")
+    assert result.outcome == "rolled_back"
+    assert "max_model_len_exceeds_kv" in result.reason
+    assert "estimated maximum model length" in result.reason
+    assert _serving_settings(spec, state) == SEED_SETTINGS
+    record = state.engine("main")
+    assert record is not None
+    assert record.running == record.last_known_good == good.last_known_good
+    failed = state.failed_values("main", since=0)
+    assert failed["max_model_len"] == [131072]
+    assert state.history()[0]["outcome"] == "rolled_back"
+    assert state.intents() == []
+
+
+DRIVER = """
+import json, os, signal, sys
+from pathlib import Path
+from tunerd.engine.saga import EngineSpec, Supervisor
+from tunerd.state import State
+spec_json, state_dir, die_at, settings = sys.argv[1:5]
+raw = json.loads(spec_json)
+spec = EngineSpec(**{**raw, "command": tuple(raw["command"]), "log_path": Path(raw["log_path"])})
+def on_step(step):
+    if step == die_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+Supervisor(spec, State.open(state_dir), on_step=on_step).restart(json.loads(settings), reason="fault test")
+print("restart finished without dying", flush=True)
+"""
+
+STEPS_TO_DIE_AT = ["intent", "stopping", "starting", "spawned", "verifying", "probation"]
+
+
+@pytest.mark.parametrize("die_at", STEPS_TO_DIE_AT)
+def test_tunerd_killed_at_each_step_of_a_restart(
+    world: tuple[EngineSpec, State], tmp_path: Path, die_at: str
+) -> None:
+    spec, state = world
+    assert Supervisor(spec, state).start_initial(SEED_SETTINGS).outcome == "succeeded"
+    safer = {**SEED_SETTINGS, "max_num_seqs": 4}
+    spec_json = json.dumps(
+        {
+            **{
+                k: getattr(spec, k)
+                for k in ("name", "url", "drain_seconds", "startup_timeout", "probation_seconds")
+            },
+            "command": list(spec.command),
+            "log_path": str(spec.log_path),
+            "env": dict(spec.env),
+        }
+    )
+    killed = subprocess.run(
+        [sys.executable, "-c", DRIVER, spec_json, str(tmp_path / "state"), die_at, json.dumps(safer)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    [intent] = state.intents()  # the kill left a restart in flight
+
+    outcome = Supervisor(spec, state).reconcile()  # the next tunerd
+
+    assert state.intents() == []
+    history = state.history()
+    assert [h["kind"] for h in history] == ["tune", "restart"]  # nothing lost, nothing doubled
+    tune = history[0]
+    record = state.engine("main")
+    assert record is not None
+    if die_at == "intent":  # the old engine was never touched: the restart is cancelled
+        assert tune["outcome"] == "skipped", outcome
+        assert _serving_settings(spec, state) == SEED_SETTINGS
+        assert record.running == record.last_known_good == intent.from_version
+    else:  # the old engine was stopped or stopping: the restart is finished
+        assert tune["outcome"] == "succeeded", outcome
+        assert _serving_settings(spec, state) == safer
+        assert record.running == record.last_known_good == intent.to_version

@@ -1,0 +1,353 @@
+"""The restart saga of DESIGN §4.9 for a supervised engine, durable at every step.
+
+A restart moves through :data:`STEPS`; each step is written to the state database (an
+*intent*) before it is taken, so a tunerd killed anywhere in the middle is followed by one
+that reads the intent and :meth:`Supervisor.reconcile` finishes or undoes the restart:
+
+=============  =============================================  ===============================
+step reached   what may have happened                         the next tunerd
+=============  =============================================  ===============================
+``intent``     nothing yet: the old engine serves              cancels (``skipped``)
+``stopping``   SIGTERM sent, the old engine may still drain    stops it, starts the new one
+``starting``   the new engine may have been spawned            adopts it (its argv is exact)
+                                                               or spawns it
+``verifying``  the new engine is up or starting                verifies it again
+``probation``  the new engine passed start-up                  finishes probation, promotes
+=============  =============================================  ===============================
+
+Verification is ``/health`` 200 *and* vLLM's KV-size log line; a start-up failure or a crash
+in probation rolls back to the last-known-good settings. Each action is one history record,
+moved from ``applied`` to its outcome; nothing is recorded twice. Time comes from the injected
+:class:`~tunerd.clock.Clock`.
+
+Not yet here (the rest of the engine-control issue): the quiet-period wait before the drain,
+the GPU-memory wait after the stop, ``pre_stop``/``post_start`` hooks, probation by traffic,
+the restart budget and crash-loop hold, people-win adoption, systemd mode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tunerd.clock import SYSTEM_CLOCK, Clock
+from tunerd.engine.args import engine_argv
+from tunerd.engine.process import EngineProcess, Identity, ProcessError, find_by_argv
+from tunerd.sources.engine_log import LogDiagnoser
+from tunerd.state import State
+
+__all__ = ["STEPS", "EngineSpec", "RestartResult", "Supervisor"]
+
+STEPS = ("intent", "stopping", "starting", "verifying", "probation")
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One supervised engine, as the config describes it."""
+
+    name: str
+    command: tuple[str, ...]
+    url: str  # where its API answers, e.g. http://127.0.0.1:8000
+    log_path: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    drain_seconds: float = 120.0  # --shutdown-timeout: vLLM's own drain of in-flight requests
+    startup_timeout: float = 900.0  # until a start time has been measured for the settings
+    probation_seconds: float = 300.0
+
+    def argv(self, settings: Mapping[str, Any]) -> list[str]:
+        return engine_argv(self.command, settings, self.drain_seconds)
+
+
+@dataclass(frozen=True)
+class RestartResult:
+    outcome: str  # succeeded | rolled_back | failed | skipped
+    action_id: int
+    version: int | None  # the settings version running afterwards
+    reason: str
+
+
+class _StartFailed(Exception):
+    pass
+
+
+class Supervisor:
+    """Starts, restarts, verifies and rolls back one engine; every step durable in ``state``.
+
+    ``on_step(step)`` is called after each step is recorded (and with ``"spawned"`` right after
+    a spawn, before its identity is recorded): the daemon logs it, the fault-injection tests
+    kill tunerd there.
+    """
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        state: State,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        on_step: Callable[[str], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.state = state
+        self.clock = clock
+        self.on_step = on_step or (lambda step: None)
+        self.process: EngineProcess | None = None
+
+    # -- queries ---------------------------------------------------------------------------
+    def running_settings(self) -> dict[str, Any] | None:
+        record = self.state.engine(self.spec.name)
+        if record is None or record.running is None:
+            return None
+        return self.state.version(record.running).settings
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(self.spec.url + "/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    # -- the first start ----------------------------------------------------------------------
+    def start_initial(self, settings: Mapping[str, Any]) -> RestartResult:
+        """Start the engine with the configured settings and make them last-known-good."""
+        now = self.clock.now()
+        version = self.state.add_version(self.spec.name, settings, "initial", now)
+        action = self.state.record_action(
+            engine=self.spec.name,
+            kind="restart",
+            mode="act",
+            outcome="applied",
+            reason="first start under tunerd",
+            now=now,
+            to_settings=settings,
+        )
+        try:
+            started = self._launch(version)
+            self._verify(version)
+        except _StartFailed as failure:
+            self.state.mark_failed(version, self.clock.now())
+            self.state.update_action(action, "failed", self.clock.now(), f"first start failed: {failure}")
+            return RestartResult("failed", action, None, str(failure))
+        self.state.promote(self.spec.name, version, self.clock.monotonic() - started)
+        self.state.update_action(action, "succeeded", self.clock.now())
+        return RestartResult("succeeded", action, version, "started")
+
+    # -- a restart with new settings -------------------------------------------------------------
+    def restart(
+        self,
+        settings: Mapping[str, Any],
+        *,
+        reason: str,
+        policy: str | None = None,
+        evidence: Mapping[str, Any] | None = None,
+    ) -> RestartResult:
+        record = self.state.engine(self.spec.name)
+        if record is None or record.running is None:
+            raise ProcessError(f"engine {self.spec.name} was never started under tunerd")
+        if self.state.intents() and any(i.engine == self.spec.name for i in self.state.intents()):
+            raise ProcessError(f"a restart of {self.spec.name} is already in flight")
+        now = self.clock.now()
+        old = self.state.version(record.running)
+        version = self.state.add_version(self.spec.name, settings, "tune", now)
+        action = self.state.record_action(
+            engine=self.spec.name,
+            kind="tune",
+            mode="act",
+            outcome="applied",
+            reason=reason,
+            now=now,
+            policy=policy,
+            from_settings=old.settings,
+            to_settings=settings,
+            evidence=evidence,
+        )
+        self.state.begin_intent(
+            self.spec.name, action, "intent", now, from_version=old.id, to_version=version
+        )
+        self.on_step("intent")
+        return self._from_step("stopping", action, old.id, version)
+
+    def _step(self, step: str) -> None:
+        self.state.advance_intent(self.spec.name, step, self.clock.now())
+        self.on_step(step)
+
+    def _from_step(self, step: str, action: int, old: int, new: int) -> RestartResult:
+        steps = STEPS[STEPS.index(step) :]
+        try:
+            if "stopping" in steps:
+                self._step("stopping")
+                self._stop()
+            if "starting" in steps:
+                self._step("starting")
+                started = self._launch(new)
+            else:
+                started = self.clock.monotonic()
+            if "verifying" in steps:
+                self._step("verifying")
+                self._verify(new)
+            startup = self.clock.monotonic() - started
+            self._step("probation")
+            self._probation()
+        except _StartFailed as failure:
+            return self._roll_back(action, old, new, str(failure))
+        self.state.promote(self.spec.name, new, startup if "starting" in steps else None)
+        self.state.update_action(action, "succeeded", self.clock.now())
+        self.state.clear_intent(self.spec.name)
+        return RestartResult("succeeded", action, new, "passed start-up and probation")
+
+    def _roll_back(self, action: int, old: int, new: int, why: str) -> RestartResult:
+        now = self.clock.now()
+        self.state.mark_failed(new, now)
+        self._stop()
+        record = self.state.engine(self.spec.name)
+        good = record.last_known_good if record and record.last_known_good else old
+        try:
+            self._launch(good)
+            self._verify(good)
+        except _StartFailed as failure:
+            self.state.update_action(
+                action, "failed", self.clock.now(), f"{why}; and last-known-good failed too: {failure}"
+            )
+            self.state.set_flags(self.spec.name, held=True)
+            self.state.clear_intent(self.spec.name)
+            return RestartResult("failed", action, None, str(failure))
+        self.state.update_action(action, "rolled_back", self.clock.now(), f"rolled back: {why}")
+        self.state.clear_intent(self.spec.name)
+        return RestartResult("rolled_back", action, good, why)
+
+    # -- the pieces ----------------------------------------------------------------------------
+    def _stop(self) -> None:
+        process = self.process or self._adopt_recorded()
+        if process is not None:
+            process.stop(timeout=self.spec.drain_seconds + 30)
+        self.process = None
+
+    def _launch(self, version: int) -> float:
+        """Spawn the engine with ``version``'s settings; record its identity; return the
+        monotonic time it was started at."""
+        argv = self.spec.argv(self.state.version(version).settings)
+        started = self.clock.monotonic()
+        try:
+            process = EngineProcess.spawn(argv, self.spec.log_path, env=self.spec.env, clock=self.clock)
+        except ProcessError as error:
+            raise _StartFailed(str(error)) from None
+        self.on_step("spawned")
+        self._record(process, version)
+        return started
+
+    def _record(self, process: EngineProcess, version: int) -> None:
+        self.process = process
+        identity = process.identity
+        self.state.set_running(
+            self.spec.name,
+            version,
+            pid=identity.pid,
+            pid_start=identity.start_ticks,
+            argv=list(identity.argv),
+        )
+
+    def _timeout(self, version: int) -> float:
+        measured = self.state.version(version).startup_seconds
+        if measured is None:
+            return self.spec.startup_timeout
+        return max(60.0, math.ceil(3 * measured))  # a known start, with room for a slow disk
+
+    def _verify(self, version: int) -> None:
+        """``/health`` 200 and the KV-size line, before the start-up timeout."""
+        process = self.process
+        assert process is not None
+        deadline = self.clock.monotonic() + self._timeout(version)
+        while True:
+            diagnosis = self._diagnose(process)
+            if not process.alive():
+                crash = diagnosis.crash
+                detail = f"{crash.kind}: {crash.message}" if crash else "no failure text in the log"
+                raise _StartFailed(f"the engine exited during start-up ({detail})")
+            if diagnosis.kv_cache_size_tokens is not None and self.healthy():
+                return
+            if self.clock.monotonic() >= deadline:
+                raise _StartFailed(f"not healthy after {self._timeout(version):g} s")
+            self.clock.sleep(_POLL_S)
+
+    def _diagnose(self, process: EngineProcess) -> Any:
+        try:
+            lines = process.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        returncode = process.returncode
+        return LogDiagnoser().feed_many(lines).result(exit_code=returncode)
+
+    def _probation(self) -> None:
+        process = self.process
+        assert process is not None
+        deadline = self.clock.monotonic() + self.spec.probation_seconds
+        while self.clock.monotonic() < deadline:
+            if not process.alive():
+                crash = self._diagnose(process).crash
+                raise _StartFailed(f"crashed in probation ({crash.kind if crash else 'no failure text'})")
+            self.clock.sleep(_POLL_S)
+
+    def _adopt_recorded(self) -> EngineProcess | None:
+        record = self.state.engine(self.spec.name)
+        if record is None or record.pid is None or record.pid_start is None:
+            return None
+        identity = Identity(record.pid, int(record.pid_start), tuple(record.argv or ()))
+        return EngineProcess.adopt(identity, self.spec.log_path, self.clock)
+
+    # -- after tunerd starts ------------------------------------------------------------------------
+    def reconcile(self) -> str:
+        """Make reality and state agree after tunerd (re)starts; say what was done."""
+        intent = next((i for i in self.state.intents() if i.engine == self.spec.name), None)
+        if intent is not None and intent.from_version is not None and intent.to_version is not None:
+            return self._resume(intent.step, intent.action_id, intent.from_version, intent.to_version)
+        record = self.state.engine(self.spec.name)
+        if record is None or record.running is None:
+            return "no engine recorded"
+        self.process = self._adopt_recorded()
+        if self.process is not None:
+            return f"adopted pid {self.process.pid}"
+        try:
+            self._launch(record.running)
+            self._verify(record.running)
+        except _StartFailed as failure:
+            return f"engine was down; restarting it failed: {failure}"
+        return "engine was down; restarted with its recorded settings"
+
+    def _resume(self, step: str, action: int, old: int, new: int) -> str:
+        if step == "intent":
+            self.process = self._adopt_recorded()
+            if self.process is not None:
+                self.state.update_action(
+                    action, "skipped", self.clock.now(), "tunerd stopped before the restart began"
+                )
+                self.state.clear_intent(self.spec.name)
+                return "cancelled a restart that had not begun"
+            step = "starting"  # the old engine is gone anyway: bring up the new settings
+        if step == "starting":
+            found = self._find_new(new)
+            if found is not None:
+                record = self.state.engine(self.spec.name)
+                if record and record.running == new and record.pid == found.pid:
+                    self.process = found  # spawned and recorded: only the step was not advanced
+                else:
+                    self._record(found, new)
+                step = "verifying"
+            else:
+                old_engine = self._adopt_recorded()  # the stop had finished: nothing should be left
+                if old_engine is not None:
+                    old_engine.stop(timeout=self.spec.drain_seconds + 30)
+        elif step in ("verifying", "probation"):
+            self.process = self._adopt_recorded()
+            if self.process is None:
+                result = self._roll_back(action, old, new, "the new engine died while tunerd was down")
+                return f"rolled back ({result.outcome})"
+        result = self._from_step(step, action, old, new)
+        return f"finished an interrupted restart from '{step}': {result.outcome}"
+
+    def _find_new(self, version: int) -> EngineProcess | None:
+        identity = find_by_argv(self.spec.argv(self.state.version(version).settings))
+        return None if identity is None else EngineProcess(identity, self.spec.log_path, None, self.clock)
