@@ -397,6 +397,34 @@ class State:
             for row in rows
         ]
 
+    def restart_times(self, engine: str, since: float) -> list[float]:
+        """When each restart of ``engine`` since ``since`` began (tunerd's and crash restarts;
+        cancelled and merely proposed ones do not count)."""
+        rows = self._db.execute(
+            "SELECT time FROM actions WHERE engine = ? AND time >= ? "
+            "AND kind IN ('tune', 'restart', 'rollback') "
+            "AND outcome IN ('applied', 'succeeded', 'failed', 'rolled_back') ORDER BY time",
+            (engine, since),
+        ).fetchall()
+        return [row["time"] for row in rows]
+
+    def crashes(self, engine: str, since: float) -> list[dict[str, Any]]:
+        """The settings each crash since ``since`` happened with, oldest first."""
+        rows = self._db.execute(
+            "SELECT from_settings FROM actions WHERE engine = ? AND time >= ? AND kind = 'restart' "
+            "AND json_extract(evidence, '$.crash') IS NOT NULL ORDER BY id",
+            (engine, since),
+        ).fetchall()
+        return [json.loads(row["from_settings"]) for row in rows if row["from_settings"]]
+
+    def last_outcome(self, engine: str, kind: str, since: float) -> str | None:
+        row = self._db.execute(
+            "SELECT outcome FROM actions WHERE engine = ? AND kind = ? AND time >= ? "
+            "ORDER BY id DESC LIMIT 1",
+            (engine, kind, since),
+        ).fetchone()
+        return None if row is None else str(row["outcome"])
+
     # -- intents ---------------------------------------------------------------------------
     def begin_intent(
         self,

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,12 +18,14 @@ import httpx
 import pytest
 
 from tunerd.engine.args import settings_from_argv
+from tunerd.engine.guards import GuardConfig
 from tunerd.engine.process import read_identity
 from tunerd.engine.saga import EngineSpec, Supervisor
 from tunerd.state import State
 
 pytestmark = pytest.mark.slow
 
+NO_SETTLE = GuardConfig(settle=0)  # the tests restart right after a start
 SEED_SETTINGS = {
     "gpu_memory_utilization": 0.92,
     "max_model_len": 32768,
@@ -81,7 +84,7 @@ def _serving_settings(spec: EngineSpec, state: State) -> dict[str, object]:
 
 def test_restart_with_new_settings_is_verified_and_promoted(world: tuple[EngineSpec, State]) -> None:
     spec, state = world
-    supervisor = Supervisor(spec, state)
+    supervisor = Supervisor(spec, state, guards=NO_SETTLE)
     first = supervisor.start_initial(SEED_SETTINGS)
     assert first.outcome == "succeeded"
     safer = {**SEED_SETTINGS, "max_num_seqs": 4}
@@ -103,7 +106,7 @@ def test_restart_with_new_settings_is_verified_and_promoted(world: tuple[EngineS
 
 def test_settings_that_cannot_start_are_rolled_back(world: tuple[EngineSpec, State]) -> None:
     spec, state = world
-    supervisor = Supervisor(spec, state)
+    supervisor = Supervisor(spec, state, guards=NO_SETTLE)
     assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
     good = state.engine("main")
     assert good is not None
@@ -131,6 +134,7 @@ def test_settings_that_cannot_start_are_rolled_back(world: tuple[EngineSpec, Sta
 DRIVER = """
 import json, os, signal, sys
 from pathlib import Path
+from tunerd.engine.guards import GuardConfig
 from tunerd.engine.saga import EngineSpec, Supervisor
 from tunerd.state import State
 spec_json, state_dir, die_at, settings = sys.argv[1:5]
@@ -139,7 +143,7 @@ spec = EngineSpec(**{**raw, "command": tuple(raw["command"]), "log_path": Path(r
 def on_step(step):
     if step == die_at:
         os.kill(os.getpid(), signal.SIGKILL)
-Supervisor(spec, State.open(state_dir), on_step=on_step).restart(json.loads(settings), reason="fault test")
+Supervisor(spec, State.open(state_dir), on_step=on_step, guards=GuardConfig(settle=0)).restart(json.loads(settings), reason="fault test")
 print("restart finished without dying", flush=True)
 """
 
@@ -151,7 +155,7 @@ def test_tunerd_killed_at_each_step_of_a_restart(
     world: tuple[EngineSpec, State], tmp_path: Path, die_at: str
 ) -> None:
     spec, state = world
-    assert Supervisor(spec, state).start_initial(SEED_SETTINGS).outcome == "succeeded"
+    assert Supervisor(spec, state, guards=NO_SETTLE).start_initial(SEED_SETTINGS).outcome == "succeeded"
     safer = {**SEED_SETTINGS, "max_num_seqs": 4}
     spec_json = json.dumps(
         {
@@ -174,7 +178,7 @@ def test_tunerd_killed_at_each_step_of_a_restart(
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     [intent] = state.intents()  # the kill left a restart in flight
 
-    outcome = Supervisor(spec, state).reconcile()  # the next tunerd
+    outcome = Supervisor(spec, state, guards=NO_SETTLE).reconcile()  # the next tunerd
 
     assert state.intents() == []
     history = state.history()
@@ -190,3 +194,45 @@ def test_tunerd_killed_at_each_step_of_a_restart(
         assert tune["outcome"] == "succeeded", outcome
         assert _serving_settings(spec, state) == safer
         assert record.running == record.last_known_good == intent.to_version
+
+
+def test_a_crash_loop_holds_the_engine_without_a_restart_storm(tmp_path: Path) -> None:
+    port = _free_port()
+    base = _spec(tmp_path, port)
+    # The engine leaks ~1 GiB a wall second: every start of these settings dies of a CUDA OOM.
+    spec = EngineSpec(**{**base.__dict__, "command": (*base.command, "--sim-drift", "100GiB/h")})
+    state = State.open(tmp_path / "state")
+    guards = GuardConfig(settle=0, max_restarts=10, backoff_base=60)
+    supervisor = Supervisor(spec, state, guards=guards)
+    try:
+        assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
+        said: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (said and said[-1].startswith("held")):
+            if (what := supervisor.check()) is not None:
+                said.append(what)
+            time.sleep(0.1)
+        assert said[0] == "restarted after cuda_oom"  # a first crash: same settings again
+        assert said[-1].startswith("held (crash loop)")  # the same settings crashed again
+        record = state.engine("main")
+        assert record is not None
+        assert record.held
+        kinds = [(h["kind"], h["outcome"]) for h in state.history()]
+        assert kinds[:3] == [("hold", "succeeded"), ("restart", "skipped"), ("restart", "succeeded")]
+        assert "CUDA out of memory" in state.history()[1]["reason"]
+        assert state.history()[1]["evidence"]["crash"]["kind"] == "cuda_oom"
+        # Held: backoff (60 s) before last-known-good is tried again; no storm meanwhile.
+        for _ in range(20):
+            assert supervisor.check() is None
+            time.sleep(0.05)
+        assert len(state.history()) == len(kinds)
+        # and tuning is refused while held
+        refused = supervisor.restart({**SEED_SETTINGS, "max_num_seqs": 4}, reason="pool saturated")
+        assert refused.outcome == "skipped"
+        assert "held" in refused.reason
+    finally:
+        record = state.engine("main")
+        if record is not None and record.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(record.pid, signal.SIGKILL)
+        state.close()

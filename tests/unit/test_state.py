@@ -190,3 +190,32 @@ def test_history_command_reads_while_daemon_is_down(tmp_path: Path) -> None:
     )
     assert empty.returncode == 0
     assert json.loads(empty.stdout) == {"actions": []}
+
+
+def test_restart_times_and_crashes_for_the_guards(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+    lower = {**SEED, "gpu_memory_utilization": 0.88}
+    common = {"engine": "e", "mode": "act", "reason": "r"}
+    state.record_action(kind="tune", outcome="succeeded", now=10.0, **common)
+    state.record_action(kind="tune", outcome="skipped", now=20.0, **common)  # never happened
+    state.record_action(kind="tune", outcome="proposed", now=30.0, **common)  # advise mode
+    state.record_action(
+        kind="restart",
+        outcome="succeeded",
+        now=40.0,
+        from_settings=SEED,
+        evidence={"crash": {"kind": "cuda_oom"}},
+        **common,
+    )
+    state.record_action(
+        kind="restart", outcome="succeeded", now=50.0, from_settings=lower, **common
+    )  # not a crash
+    state.record_action(kind="rollback", outcome="failed", now=60.0, **common)
+    state.record_action(kind="tune", outcome="rolled_back", now=70.0, engine="other", mode="act", reason="r")
+    assert state.restart_times("e", since=0) == [10.0, 40.0, 50.0, 60.0]
+    assert state.restart_times("e", since=45) == [50.0, 60.0]
+    assert state.crashes("e", since=0) == [SEED]
+    assert state.crashes("e", since=41) == []
+    assert state.last_outcome("e", "tune", since=0) == "proposed"
+    assert state.last_outcome("other", "tune", since=0) == "rolled_back"
+    assert state.last_outcome("e", "hold", since=0) is None

@@ -1,2 +1,2 @@
-"""Engine control: vLLM's flags (``args``) and supervise mode's process (``process``); the
-restart saga and systemd mode come with the rest of the engine-control issue."""
+"""Engine control: vLLM's flags (``args``), supervise mode's process (``process``), the
+restart saga (``saga``) and its guards (``guards``). systemd mode comes later."""

@@ -37,6 +37,7 @@ import httpx
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.engine.args import engine_argv
+from tunerd.engine.guards import EngineFacts, GuardConfig, backoff_seconds, is_crash_loop, may_change
 from tunerd.engine.process import EngineProcess, Identity, ProcessError, find_by_argv
 from tunerd.sources.engine_log import LogDiagnoser
 from tunerd.state import State
@@ -76,6 +77,14 @@ class _StartFailed(Exception):
     pass
 
 
+def diagnosis_tail(process: EngineProcess, lines: int = 20) -> list[str]:
+    """The last lines of the engine's log: the evidence a person reads first."""
+    try:
+        return process.log_path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
 class Supervisor:
     """Starts, restarts, verifies and rolls back one engine; every step durable in ``state``.
 
@@ -91,12 +100,16 @@ class Supervisor:
         clock: Clock = SYSTEM_CLOCK,
         *,
         on_step: Callable[[str], None] | None = None,
+        guards: GuardConfig | None = None,
     ) -> None:
+        self.guards = guards or GuardConfig()
         self.spec = spec
         self.state = state
         self.clock = clock
         self.on_step = on_step or (lambda step: None)
         self.process: EngineProcess | None = None
+        self.next_restart_at: float | None = None  # a held engine's backoff, on the clock's now()
+        self._held_attempts = 0
 
     # -- queries ---------------------------------------------------------------------------
     def running_settings(self) -> dict[str, Any] | None:
@@ -148,10 +161,25 @@ class Supervisor:
         record = self.state.engine(self.spec.name)
         if record is None or record.running is None:
             raise ProcessError(f"engine {self.spec.name} was never started under tunerd")
-        if self.state.intents() and any(i.engine == self.spec.name for i in self.state.intents()):
-            raise ProcessError(f"a restart of {self.spec.name} is already in flight")
         now = self.clock.now()
         old = self.state.version(record.running)
+        refusal = may_change(self.facts(), self.guards, now)
+        if refusal is not None:
+            action = self.state.record_action(
+                engine=self.spec.name,
+                kind="tune",
+                mode="act",
+                outcome="skipped",
+                reason=f"{reason}; not applied: {refusal.reason}",
+                now=now,
+                policy=policy,
+                from_settings=old.settings,
+                to_settings=settings,
+                evidence=evidence,
+            )
+            if refusal.hold and not self.state.engine(self.spec.name).held:  # type: ignore[union-attr]
+                self.state.set_flags(self.spec.name, held=True)
+            return RestartResult("skipped", action, old.id, refusal.reason)
         version = self.state.add_version(self.spec.name, settings, "tune", now)
         action = self.state.record_action(
             engine=self.spec.name,
@@ -297,6 +325,120 @@ class Supervisor:
             return None
         identity = Identity(record.pid, int(record.pid_start), tuple(record.argv or ()))
         return EngineProcess.adopt(identity, self.spec.log_path, self.clock)
+
+    # -- guards and crashes ---------------------------------------------------------------------
+    def facts(self) -> EngineFacts:
+        record = self.state.engine(self.spec.name)
+        now = self.clock.now()
+        return EngineFacts(
+            restarts=self.state.restart_times(self.spec.name, now - self.guards.window),
+            in_flight=any(i.engine == self.spec.name for i in self.state.intents()),
+            held=bool(record and record.held),
+            pinned=bool(record and record.pinned),
+            paused=record.paused if record else None,
+        )
+
+    def check(self) -> str | None:
+        """Poll the engine (the run loop calls this each tick); say what was done, if anything.
+
+        A crash is diagnosed from the log and recorded; a first crash restarts the same
+        settings (the policies then see the crash and may tune); a crash loop or a spent budget
+        holds the engine: tuning stops and last-known-good is restarted with backoff.
+        """
+        if self.process is None or self.process.alive():
+            return None
+        now = self.clock.now()
+        if self.next_restart_at is not None:
+            if now < self.next_restart_at:
+                return None
+            return self._restart_held()
+        record = self.state.engine(self.spec.name)
+        if record is None or record.running is None:
+            return None  # never started under tunerd: nothing to restart
+        crashed = self.state.version(record.running).settings
+        diagnosis = self._diagnose(self.process)
+        crash = diagnosis.crash.to_dict() if diagnosis.crash else {"kind": "unknown", "message": "exited"}
+        since = now - self.guards.window
+        rolled_back_to = (
+            self.state.version(record.last_known_good).settings
+            if record.last_known_good
+            and self.state.last_outcome(self.spec.name, "tune", since) == "rolled_back"
+            else None
+        )
+        loop = is_crash_loop(crashed, self.state.crashes(self.spec.name, since), rolled_back_to)
+        refusal = may_change(EngineFacts(self.state.restart_times(self.spec.name, since)), self.guards, now)
+        spent = refusal is not None and "budget" in refusal.reason
+        crashed_because = f"engine crashed ({crash['kind']}): {crash['message']}"
+        action = self.state.record_action(
+            engine=self.spec.name,
+            kind="restart",
+            mode="act",
+            outcome="applied",
+            reason=crashed_because,
+            now=now,
+            from_settings=crashed,
+            to_settings=crashed,
+            evidence={"crash": crash, "log_lines": diagnosis_tail(self.process)},
+        )
+        if loop or spent or record.held:
+            why = "crash loop" if loop else ("restart budget spent" if spent else "engine is held")
+            self.state.update_action(
+                action,
+                "skipped",
+                now,
+                f"{crashed_because}; {why}: holding, last-known-good restarts with backoff",
+            )
+            if not record.held:
+                self.state.set_flags(self.spec.name, held=True)
+                self.state.record_action(
+                    engine=self.spec.name,
+                    kind="hold",
+                    mode="act",
+                    outcome="succeeded",
+                    reason=f"{why} after {crash['kind']}: tuning stopped, a person is paged",
+                    now=now,
+                    evidence={"crash": crash},
+                )
+            self._held_attempts += 1
+            self.next_restart_at = now + backoff_seconds(self._held_attempts, self.guards)
+            return f"held ({why}); restarting last-known-good at {self.next_restart_at:.0f}"
+        try:
+            self._launch(record.running)
+            self._verify(record.running)
+        except _StartFailed as failure:
+            self.state.update_action(
+                action, "failed", self.clock.now(), f"restart after crash failed: {failure}"
+            )
+            return f"restart after crash failed: {failure}"
+        self.state.update_action(action, "succeeded", self.clock.now())
+        return f"restarted after {crash['kind']}"
+
+    def _restart_held(self) -> str:
+        record = self.state.engine(self.spec.name)
+        assert record is not None
+        good = record.last_known_good or record.running
+        assert good is not None
+        now = self.clock.now()
+        action = self.state.record_action(
+            engine=self.spec.name,
+            kind="restart",
+            mode="act",
+            outcome="applied",
+            reason=f"held: restarting last-known-good (attempt {self._held_attempts})",
+            now=now,
+            to_settings=self.state.version(good).settings,
+        )
+        try:
+            self._launch(good)
+            self._verify(good)
+        except _StartFailed as failure:
+            self.state.update_action(action, "failed", self.clock.now(), str(failure))
+            self._held_attempts += 1
+            self.next_restart_at = self.clock.now() + backoff_seconds(self._held_attempts, self.guards)
+            return f"last-known-good failed to start; next try at {self.next_restart_at:.0f}"
+        self.state.update_action(action, "succeeded", self.clock.now())
+        self.next_restart_at = None
+        return "last-known-good restarted (still held)"
 
     # -- after tunerd starts ------------------------------------------------------------------------
     def reconcile(self) -> str:

@@ -1,0 +1,80 @@
+"""Guards: budget, settle, in-flight, hold/pin/pause, crash loops, backoff."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunerd.engine.guards import (
+    EngineFacts,
+    GuardConfig,
+    backoff_seconds,
+    budget,
+    is_crash_loop,
+    may_change,
+)
+
+HOUR = 3600.0
+CONFIG = GuardConfig(max_restarts=3, window=HOUR, settle=900)
+SEED = {"gpu_memory_utilization": 0.92, "max_num_seqs": 8}
+
+
+def test_a_quiet_engine_may_change() -> None:
+    assert may_change(EngineFacts(restarts=[]), CONFIG, now=10_000) is None
+    assert may_change(EngineFacts(restarts=[10_000 - 901]), CONFIG, now=10_000) is None
+
+
+def test_one_change_per_settle_period() -> None:
+    refusal = may_change(EngineFacts(restarts=[10_000 - 300]), CONFIG, now=10_000)
+    assert refusal is not None
+    assert "settling: 300 s" in refusal.reason
+    assert not refusal.hold
+
+
+def test_budget_counts_only_the_window_and_exhaustion_holds() -> None:
+    now = 100_000.0
+    restarts = [now - 2 * HOUR, now - 3000, now - 2000, now - 1000]
+    assert budget(EngineFacts(restarts), CONFIG, now) == (3, 0)
+    refusal = may_change(EngineFacts(restarts), CONFIG, now)
+    assert refusal is not None
+    assert refusal.hold
+    assert "3 restarts in the last 3600 s" in refusal.reason
+    skip = may_change(EngineFacts(restarts), GuardConfig(on_exhausted="skip"), now)
+    assert skip is not None
+    assert not skip.hold
+    # the oldest restart in the window leaves it: budget back
+    assert budget(EngineFacts(restarts), CONFIG, now + 601) == (2, 1)
+    assert may_change(EngineFacts(restarts), CONFIG, now + 601) is None
+
+
+@pytest.mark.parametrize(
+    ("facts", "words"),
+    [
+        (EngineFacts([], in_flight=True), "in flight"),
+        (EngineFacts([], pinned=True), "pinned"),
+        (EngineFacts([], paused="argv changed by a person"), "argv changed by a person"),
+        (EngineFacts([], held=True), "held"),
+    ],
+)
+def test_states_that_refuse_any_change(facts: EngineFacts, words: str) -> None:
+    refusal = may_change(facts, CONFIG, now=0)
+    assert refusal is not None
+    assert words in refusal.reason
+
+
+def test_crash_loops() -> None:
+    lower = {**SEED, "gpu_memory_utilization": 0.88}
+    assert not is_crash_loop(SEED, [], None)  # a first crash: tune
+    assert is_crash_loop(SEED, [SEED], None)  # the same settings crashed again
+    assert not is_crash_loop(lower, [SEED], None)  # tunerd changed them in between
+    assert is_crash_loop(SEED, [], rolled_back_to=SEED)  # the safe base crashed
+
+
+def test_backoff_doubles_and_caps() -> None:
+    assert [backoff_seconds(n, CONFIG) for n in range(8)] == [0, 30, 60, 120, 240, 480, 960, 1800]
+
+
+def test_bad_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_restarts"):
+        GuardConfig(max_restarts=0)
+    with pytest.raises(ValueError, match="on_exhausted"):
+        GuardConfig(on_exhausted="ignore")

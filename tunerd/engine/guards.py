@@ -1,0 +1,115 @@
+"""Guards on acting (DESIGN §4.9): when tunerd may restart an engine, and when it must stop
+tuning and hold. Pure: facts and ``now`` in, a decision out.
+
+- **Budget**: at most ``max_restarts`` restarts (tunerd's own and crash restarts) in
+  ``window``; exhausted → hold (or, with ``on_exhausted: skip``, skip the action).
+- **Settle**: one change per settle period after a restart — the new engine's memory and
+  traffic need time to show what the change did.
+- **In flight**: never act while a restart of the engine is in flight.
+- **Hold, pin, pause**: a held engine is not tuned (only its last-known-good is restarted,
+  with backoff); a pinned one is never changed; a paused one (a person changed it) waits for
+  ``tunerd resume``.
+- **Crash loop**: a crash with the same settings as the previous crash in the window, or a
+  crash of settings tunerd had just rolled back to, is a loop → hold and page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "EngineFacts",
+    "GuardConfig",
+    "Refusal",
+    "backoff_seconds",
+    "budget",
+    "is_crash_loop",
+    "may_change",
+]
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    max_restarts: int = 3
+    window: float = 3600.0
+    on_exhausted: str = "hold"  # hold | skip
+    settle: float = 900.0
+    backoff_base: float = 30.0
+    backoff_max: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 1:
+            raise ValueError("guards.max_restarts must be at least 1")
+        if self.window <= 0 or self.settle < 0:
+            raise ValueError("guards.window must be positive and guards.settle not negative")
+        if self.on_exhausted not in ("hold", "skip"):
+            raise ValueError(f"guards.on_exhausted must be hold or skip, not '{self.on_exhausted}'")
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    restarts: Sequence[float]  # when each restart in recent history began
+    in_flight: bool = False
+    held: bool = False
+    pinned: bool = False
+    paused: str | None = None  # why (a person changed the engine)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why an action may not run now; ``hold`` says the engine must be held."""
+
+    reason: str
+    hold: bool = False
+
+
+def budget(facts: EngineFacts, config: GuardConfig, now: float) -> tuple[int, int]:
+    """(restarts in the window, restarts left)."""
+    used = sum(1 for time in facts.restarts if now - config.window < time <= now)
+    return used, max(0, config.max_restarts - used)
+
+
+def may_change(facts: EngineFacts, config: GuardConfig, now: float) -> Refusal | None:
+    """None if a settings change (a restart) may start now; else why not."""
+    if facts.in_flight:
+        return Refusal("a restart is already in flight")
+    if facts.pinned:
+        return Refusal("pinned: settings are frozen (tunerd resume to unpin)")
+    if facts.paused:
+        return Refusal(f"tuning paused: {facts.paused} (tunerd resume to continue)")
+    if facts.held:
+        return Refusal("held after a crash loop or an exhausted budget (tunerd resume to continue)")
+    if facts.restarts:
+        since = now - max(facts.restarts)
+        if since < config.settle:
+            return Refusal(
+                f"settling: {since:.0f} s since the last restart, one change per {config.settle:.0f} s"
+            )
+    used, left = budget(facts, config, now)
+    if left == 0:
+        return Refusal(
+            f"restart budget spent: {used} restarts in the last {config.window:.0f} s",
+            hold=config.on_exhausted == "hold",
+        )
+    return None
+
+
+def is_crash_loop(
+    crashed: Mapping[str, Any],
+    previous_crashes: Sequence[Mapping[str, Any]],
+    rolled_back_to: Mapping[str, Any] | None,
+) -> bool:
+    """A crash is a loop when the same settings crashed before in the window, or when they are
+    the settings tunerd just rolled back to (the safe base is not safe)."""
+    if rolled_back_to is not None and dict(crashed) == dict(rolled_back_to):
+        return True
+    return any(dict(crashed) == dict(previous) for previous in previous_crashes)
+
+
+def backoff_seconds(attempt: int, config: GuardConfig) -> float:
+    """Wait before restart ``attempt`` (1, 2, …) of a held engine: doubling, capped."""
+    if attempt < 1:
+        return 0.0
+    return float(min(config.backoff_max, config.backoff_base * 2 ** (attempt - 1)))
