@@ -411,7 +411,7 @@ class State:
     def crashes(self, engine: str, since: float) -> list[dict[str, Any]]:
         """The settings each crash since ``since`` happened with, oldest first."""
         rows = self._db.execute(
-            "SELECT from_settings FROM actions WHERE engine = ? AND time >= ? AND kind = 'restart' "
+            "SELECT from_settings FROM actions WHERE engine = ? AND time >= ? "
             "AND json_extract(evidence, '$.crash') IS NOT NULL ORDER BY id",
             (engine, since),
         ).fetchall()

@@ -15,10 +15,8 @@ from typing import Any
 
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
 from tunerd.sources.engine_log import LogDiagnosis, diagnose
-from tunerd.sources.gpu import GpuReading, GpuSource, GpuUnavailable, NoGpuSource, require_gpus
-from tunerd.sources.nvml import NvmlSource
-from tunerd.sources.sim_gpu import SimGpuSource
-from tunerd.sources.smi import SmiSource
+from tunerd.sources.gpu import GpuReading, GpuSource, GpuUnavailable, require_gpus
+from tunerd.sources.select import gpu_source
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse
 from tunerd.units import format_size
 
@@ -231,17 +229,14 @@ def _log_text(result: LogDiagnosis) -> str:
 
 
 def _gpu_source(args: argparse.Namespace) -> GpuSource:
-    if args.source == "sim":
-        if not args.url:
-            raise UsageError("--source sim needs --url (the simulator's base URL)")
-        return SimGpuSource(args.url, timeout=float(args.timeout))
-    if args.url:
+    if args.source == "sim" and not args.url:
+        raise UsageError("--source sim needs --url (the simulator's base URL)")
+    if args.url and args.source != "sim":
         raise UsageError("--url is only for --source sim")
-    if args.source == "nvidia-smi":
-        return SmiSource(timeout=float(args.timeout))
-    if args.source == "none":
-        return NoGpuSource()
-    return NvmlSource(watch_xid=False)
+    try:
+        return gpu_source(args.source, args.url, timeout=float(args.timeout))
+    except ValueError as error:
+        raise UsageError(f"--source {args.source}: {error}") from None
 
 
 def _run_gpu(args: argparse.Namespace) -> int:

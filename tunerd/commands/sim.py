@@ -189,6 +189,11 @@ def _add_load(commands: argparse._SubParsersAction[Parser]) -> None:
         "--prompt-logprobs", type=int, help="ask for prompt logprobs (memory the profile misses)"
     )
     load.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    load.add_argument(
+        "--retry-refused",
+        action="store_true",
+        help="keep sending while the engine is down (a restart) instead of stopping at the first refusal",
+    )
     load.set_defaults(handler=_run_load, prog=load.prog)
 
 
@@ -278,6 +283,7 @@ def _run_load(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         prompt_logprobs=args.prompt_logprobs,
         timeout=args.timeout,
+        retry_refused=args.retry_refused,
     )
     result = run_load(options, progress=sys.stderr)
     sys.stdout.write(result.summary() + "\n")

@@ -71,8 +71,9 @@ def budget(facts: EngineFacts, config: GuardConfig, now: float) -> tuple[int, in
     return used, max(0, config.max_restarts - used)
 
 
-def may_change(facts: EngineFacts, config: GuardConfig, now: float) -> Refusal | None:
-    """None if a settings change (a restart) may start now; else why not."""
+def may_change(facts: EngineFacts, config: GuardConfig, now: float, settle: bool = True) -> Refusal | None:
+    """None if a settings change (a restart) may start now; else why not. ``settle=False``
+    skips the settle period (after a crash there is nothing left to wait for)."""
     if facts.in_flight:
         return Refusal("a restart is already in flight")
     if facts.pinned:
@@ -81,7 +82,7 @@ def may_change(facts: EngineFacts, config: GuardConfig, now: float) -> Refusal |
         return Refusal(f"tuning paused: {facts.paused} (tunerd resume to continue)")
     if facts.held:
         return Refusal("held after a crash loop or an exhausted budget (tunerd resume to continue)")
-    if facts.restarts:
+    if facts.restarts and settle:
         since = now - max(facts.restarts)
         if since < config.settle:
             return Refusal(

@@ -37,7 +37,14 @@ import httpx
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.engine.args import engine_argv
-from tunerd.engine.guards import EngineFacts, GuardConfig, backoff_seconds, is_crash_loop, may_change
+from tunerd.engine.guards import (
+    EngineFacts,
+    GuardConfig,
+    backoff_seconds,
+    budget,
+    is_crash_loop,
+    may_change,
+)
 from tunerd.engine.process import EngineProcess, Identity, ProcessError, find_by_argv
 from tunerd.sources.engine_log import LogDiagnoser
 from tunerd.state import State
@@ -108,6 +115,7 @@ class Supervisor:
         self.clock = clock
         self.on_step = on_step or (lambda step: None)
         self.process: EngineProcess | None = None
+        self._crash: dict[str, Any] | None = None  # the dead process's diagnosis, once
         self.next_restart_at: float | None = None  # a held engine's backoff, on the clock's now()
         self._held_attempts = 0
 
@@ -157,13 +165,17 @@ class Supervisor:
         reason: str,
         policy: str | None = None,
         evidence: Mapping[str, Any] | None = None,
+        after_crash: bool = False,
     ) -> RestartResult:
+        """Restart with ``settings`` through every step of the saga, if the guards allow.
+        ``after_crash``: the engine is already down, so the settle period does not apply (the
+        crash is the observation the settle period waits for)."""
         record = self.state.engine(self.spec.name)
         if record is None or record.running is None:
             raise ProcessError(f"engine {self.spec.name} was never started under tunerd")
         now = self.clock.now()
         old = self.state.version(record.running)
-        refusal = may_change(self.facts(), self.guards, now)
+        refusal = may_change(self.facts(), self.guards, now, settle=not after_crash)
         if refusal is not None:
             action = self.state.record_action(
                 engine=self.spec.name,
@@ -269,6 +281,7 @@ class Supervisor:
 
     def _record(self, process: EngineProcess, version: int) -> None:
         self.process = process
+        self._crash = None
         identity = process.identity
         self.state.set_running(
             self.spec.name,
@@ -338,14 +351,38 @@ class Supervisor:
             paused=record.paused if record else None,
         )
 
-    def check(self) -> str | None:
-        """Poll the engine (the run loop calls this each tick); say what was done, if anything.
-
-        A crash is diagnosed from the log and recorded; a first crash restarts the same
-        settings (the policies then see the crash and may tune); a crash loop or a spent budget
-        holds the engine: tuning stops and last-known-good is restarted with backoff.
-        """
+    def crashed(self) -> dict[str, Any] | None:
+        """The engine's crash (kind, phase, message… from its log) if its process is gone, else
+        None. The run loop turns it into an ``engine_crash`` event before the policies run."""
         if self.process is None or self.process.alive():
+            return None
+        if self._crash is None:
+            diagnosis = self._diagnose(self.process)
+            self._crash = (
+                diagnosis.crash.to_dict()
+                if diagnosis.crash
+                else {"kind": "unknown", "phase": "runtime", "message": "the engine exited"}
+            )
+            self._crash["exit_code"] = self.process.returncode
+        return self._crash
+
+    def check(
+        self,
+        tuned: Mapping[str, Any] | None = None,
+        *,
+        reason: str = "",
+        policy: str | None = None,
+        evidence: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """Deal with a dead engine (the run loop calls this each tick); say what was done.
+
+        A crash is recorded with its diagnosis and log tail. With ``tuned`` settings (what the
+        policies asked for after seeing the crash) the engine restarts with them; without, with
+        the same settings. A crash loop or a spent budget holds the engine instead: tuning
+        stops and last-known-good is restarted with backoff.
+        """
+        crash = self.crashed()
+        if crash is None or self.process is None:
             return None
         now = self.clock.now()
         if self.next_restart_at is not None:
@@ -356,8 +393,6 @@ class Supervisor:
         if record is None or record.running is None:
             return None  # never started under tunerd: nothing to restart
         crashed = self.state.version(record.running).settings
-        diagnosis = self._diagnose(self.process)
-        crash = diagnosis.crash.to_dict() if diagnosis.crash else {"kind": "unknown", "message": "exited"}
         since = now - self.guards.window
         rolled_back_to = (
             self.state.version(record.last_known_good).settings
@@ -366,9 +401,18 @@ class Supervisor:
             else None
         )
         loop = is_crash_loop(crashed, self.state.crashes(self.spec.name, since), rolled_back_to)
-        refusal = may_change(EngineFacts(self.state.restart_times(self.spec.name, since)), self.guards, now)
-        spent = refusal is not None and "budget" in refusal.reason
+        spent = budget(EngineFacts(self.state.restart_times(self.spec.name, since)), self.guards, now)[1] == 0
         crashed_because = f"engine crashed ({crash['kind']}): {crash['message']}"
+        tail = diagnosis_tail(self.process)
+        if tuned is not None and dict(tuned) != crashed and not (loop or spent or record.held):
+            result = self.restart(
+                tuned,
+                reason=f"{crashed_because}; {reason}".rstrip("; "),
+                policy=policy,
+                evidence={**dict(evidence or {}), "crash": crash, "log_lines": tail},
+                after_crash=True,
+            )
+            return f"restarted with tuned settings after {crash['kind']}: {result.outcome}"
         action = self.state.record_action(
             engine=self.spec.name,
             kind="restart",
@@ -378,7 +422,7 @@ class Supervisor:
             now=now,
             from_settings=crashed,
             to_settings=crashed,
-            evidence={"crash": crash, "log_lines": diagnosis_tail(self.process)},
+            evidence={"crash": crash, "log_lines": tail},
         )
         if loop or spent or record.held:
             why = "crash loop" if loop else ("restart budget spent" if spent else "engine is held")

@@ -34,6 +34,7 @@ class LoadOptions:
     prompt_logprobs: int | None = None
     timeout: float = 600.0
     model: str | None = None
+    retry_refused: bool = False  # keep sending through an engine restart, as real clients retry
 
 
 @dataclass
@@ -142,7 +143,8 @@ def run_load(
     def worker() -> None:
         with httpx.Client(timeout=httpx.Timeout(options.timeout, connect=10.0)) as client:
             while may_send():
-                if result.errors.get("ConnectError"):
+                refused = result.errors.get("ConnectError", 0)
+                if refused and not options.retry_refused:
                     stop.set()  # the server is gone: stop rather than spin on refusals
                     break
                 _one(
@@ -154,6 +156,8 @@ def run_load(
                     monotonic=monotonic,
                     scale=scale or 1.0,
                 )
+                if options.retry_refused and result.errors.get("ConnectError", 0) > refused:
+                    time.sleep(0.2)  # the engine is restarting: knock again shortly
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(options.concurrency)]
     for thread in threads:

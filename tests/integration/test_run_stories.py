@@ -1,0 +1,186 @@
+"""`tunerd run` end to end on the simulator (real processes, loopback, time scale 50)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tunerd.state import State
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _policies(tmp_path: Path, *names: str) -> Path:
+    """The shipped default policies, only those named: one story at a time."""
+    shipped = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
+    chosen = [policy for policy in shipped["policies"] if policy["name"] in names]
+    assert [p["name"] for p in chosen] == list(names)
+    path = tmp_path / "policies.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "policies": chosen}))
+    return path
+
+
+def _config(
+    tmp_path: Path,
+    port: int,
+    settings: dict[str, object],
+    bounds: dict[str, list[object]],
+    *extra: str,
+    policies: Path,
+) -> Path:
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--time-scale", "50", "--sim-startup-seconds", "10",
+        "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "rtx4090", *extra,
+    ]  # fmt: skip
+    config = {
+        "engine": {
+            "name": "main",
+            "command": command,
+            "url": url,
+            "settings": settings,
+            "bounds": bounds,
+            "drain": "30s",
+            "startup_timeout": "30s",
+            "probation": "1s",
+        },
+        "gpu": {"source": "sim", "url": url},
+        "metrics": {"interval": "200ms"},
+        "mode": "act",
+        "policies": [str(policies)],
+        "guards": {"max_restarts": 5, "window": "1h", "settle": "0s"},
+        "state_dir": str(tmp_path / "state"),
+    }
+    path = tmp_path / "tunerd.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _load(url: str, seconds: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tunerd",
+            "sim",
+            "load",
+            "--url",
+            url,
+            "--concurrency",
+            "4",
+            "--prompt-tokens",
+            "28000",
+            "--max-tokens",
+            "512",
+            "--duration",
+            f"{seconds}s",
+            "--timeout",
+            "60",
+            "--retry-refused",
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _kill_engine(state_dir: Path) -> None:
+    with contextlib.suppress(Exception):
+        state = State.open(state_dir)
+        record = state.engine("main")
+        if record is not None and record.pid is not None:
+            os.killpg(record.pid, signal.SIGKILL)
+        state.close()
+
+
+def test_oom_prone_config_is_tuned_down_until_stable(tmp_path: Path) -> None:
+    """0.97 utilization, 16-bit KV, 8192 batched tokens under the seed's long prompts: the engine
+    dies of a CUDA OOM; the `oom` policy lowers utilization and restarts it; it ends stable."""
+    port = _free_port()
+    greedy = {
+        "gpu_memory_utilization": 0.97,
+        "max_model_len": 32768,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 8192,
+        "kv_cache_dtype": "auto",
+    }
+    config = _config(
+        tmp_path,
+        port,
+        greedy,
+        {"gpu_memory_utilization": [0.80, 0.97], "max_num_batched_tokens": [1024, 8192]},
+        policies=_policies(tmp_path, "oom"),
+    )
+    tunerd = subprocess.Popen(
+        [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        load = _load(url, 40)
+        summary = load.communicate(timeout=120)[0]
+        # after the load: no restart in flight, and the engine serves
+        deadline = time.monotonic() + 60
+        healthy = False
+        while time.monotonic() < deadline and not healthy:
+            state = State.open(tmp_path / "state", readonly=True)
+            settled = state.intents() == []
+            state.close()
+            with contextlib.suppress(httpx.HTTPError):
+                healthy = settled and httpx.get(url + "/health", timeout=1).status_code == 200
+            time.sleep(0.2)
+        assert healthy
+    finally:
+        tunerd.send_signal(signal.SIGTERM)
+        output = tunerd.communicate(timeout=60)[0]
+        _kill_engine(tmp_path / "state")
+    events = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert any(e["event"] == "engine_crash" and e["kind"] == "cuda_oom" for e in events), output
+    state = State.open(tmp_path / "state")
+    history = state.history()
+    tunes = [h for h in history if h["kind"] == "tune" and h["outcome"] == "succeeded"]
+    assert tunes, history
+    assert all(h["policy"] == "oom" for h in tunes)
+    assert all(
+        h["to_settings"]["gpu_memory_utilization"] < h["from_settings"]["gpu_memory_utilization"]
+        for h in tunes
+    )
+    assert "cuda_oom" in tunes[-1]["reason"]
+    record = state.engine("main")
+    assert record is not None
+    assert not record.held
+    final = state.version(record.running).settings
+    assert final["gpu_memory_utilization"] <= 0.94
+    # stable: one crash, one change, and the load kept being served afterwards (~30 simulated min)
+    assert len(tunes) == 1
+    assert len(state.crashes("main", since=0)) == 1
+    served = int(summary.split("requests: ")[1].split(" ok")[0])
+    assert served >= 100, summary
+    assert record.running == record.last_known_good

@@ -1,0 +1,70 @@
+"""``tunerd run``: the loop that watches and tunes the engines in the config (DESIGN §4.1).
+
+Minimal so far (the engine-control issue): supervise mode, logs as JSON lines on stderr.
+SIGTERM or Ctrl-C stop tunerd and leave the engines serving; the next ``tunerd run`` adopts
+them. The status socket, tunerd's own /metrics, chat notifications and systemd mode come with
+the daemon issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+
+from tunerd.commands.common import EXIT_OK, Parser, UsageError, positive_int
+from tunerd.config import ConfigError, load_config
+from tunerd.daemon import Daemon
+from tunerd.policy.schema import PolicyError
+from tunerd.state import StateError
+
+__all__ = ["register"]
+
+DEFAULT_CONFIG = "/etc/tunerd/tunerd.yaml"
+
+
+def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="watch the engines and tune them under the policies",
+        description=(
+            "Start (or adopt) every engine in the config, then each metrics interval: read the GPU "
+            "and /metrics, evaluate the policies, and act as the mode allows (observe, advise, act). "
+            "SIGTERM stops tunerd and leaves the engines serving."
+        ),
+    )
+    parser.add_argument(
+        "--config", default=DEFAULT_CONFIG, help=f"the config file (default {DEFAULT_CONFIG})"
+    )
+    parser.add_argument(
+        "--ticks", type=positive_int, metavar="N", help="stop after N ticks (for tests and demos)"
+    )
+    parser.set_defaults(handler=_run, prog=parser.prog)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        for problem in error.problems:
+            print(problem, file=sys.stderr)
+        raise UsageError(f"{args.config}: the config did not load") from None
+    try:
+        daemon = Daemon(config)
+    except (PolicyError, StateError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    stop = threading.Event()
+
+    def on_signal(number: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        daemon.start()
+        daemon.run(stop, ticks=args.ticks)
+    finally:
+        daemon.close()
+    return EXIT_OK

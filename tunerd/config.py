@@ -1,0 +1,202 @@
+"""tunerd's config file (DESIGN §4.8): engines, sources, mode, policies, guards, state.
+
+Loaded with :func:`tunerd.yamlfile.load_yaml`, so every problem comes back as
+``file:line: path: message``; all problems at once, never the first only. Checked beyond the
+schema: settings and bounds name allowlisted tunables with valid values, a tunable written in
+``command`` is refused (tunerd owns it), engine names are unique, a single ``engine:`` block is
+shorthand for a list of one. Policy globs are resolved relative to the config file.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tunerd.engine.args import command_problems
+from tunerd.policy.schema import Duration
+from tunerd.tune import TUNABLES, validate_value
+from tunerd.yamlfile import Problem, YamlError, load_yaml, located
+
+__all__ = ["Config", "ConfigError", "EngineConfig", "load_config"]
+
+
+class ConfigError(Exception):
+    """The config did not load; ``problems`` are located one-line messages."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    control: Literal["supervise", "systemd"] = "supervise"
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    unit: str | None = None
+    url: str = "http://127.0.0.1:8000"
+    gpus: list[int | str] = Field(default_factory=lambda: list[int | str]([0]))
+    settings: dict[str, Any] = Field(default_factory=dict)
+    bounds: dict[str, list[Any]] = Field(default_factory=dict)
+    model: dict[str, Any] | None = None
+    hooks: dict[str, list[str]] = Field(default_factory=dict)
+    drain: Duration = 120.0  # --shutdown-timeout and the longest drain
+    startup_timeout: Duration = 900.0
+    probation: Duration = 300.0
+
+
+class GpuConfig(_Strict):
+    source: Literal["nvml", "nvidia-smi", "sim", "none"] = "nvml"
+    url: str | None = None
+    interval: Duration = 0.25
+
+
+class MetricsConfig(_Strict):
+    interval: Duration = 2.0
+
+
+class ClockConfig(_Strict):
+    source: Literal["system", "sim"] = "system"
+    url: str | None = None
+
+
+class QuietConfig(_Strict):
+    max_running: int = 0
+    for_: Duration = Field(default=120.0, alias="for")
+
+
+class GuardsConfig(_Strict):
+    max_restarts: int = Field(default=3, ge=1)
+    window: Duration = 3600.0
+    on_exhausted: Literal["hold", "skip"] = "hold"
+    quiet: QuietConfig | None = None
+    settle: Duration = 900.0
+
+
+class Config(_Strict):
+    engines: list[EngineConfig] = Field(min_length=1)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    clock: ClockConfig = Field(default_factory=ClockConfig)
+    mode: Literal["observe", "advise", "act"] = "advise"
+    policies: list[str] = Field(default_factory=lambda: ["/etc/tunerd/policies/*.yaml"])
+    guards: GuardsConfig = Field(default_factory=GuardsConfig)
+    notify: list[dict[str, Any]] = Field(default_factory=list)
+    state_dir: str = "/var/lib/tunerd"
+    listen: dict[str, str] = Field(default_factory=dict)
+    source_file: str = ""
+
+    def policy_files(self) -> list[Path]:
+        """The policy globs, relative to the config file's folder, sorted and de-duplicated."""
+        base = Path(self.source_file).parent if self.source_file else Path.cwd()
+        found: list[Path] = []
+        for pattern in self.policies:
+            full = pattern if Path(pattern).is_absolute() else str(base / pattern)
+            matches = sorted(glob.glob(full)) if glob.has_magic(full) else [full]
+            found += [Path(match) for match in matches if Path(match) not in found]
+        return found
+
+
+def _pydantic_problems(error: ValidationError, prefix: tuple[str | int, ...]) -> list[Problem]:
+    problems = []
+    for item in error.errors():
+        path = (
+            *prefix,
+            *(part for part in item["loc"] if not str(part).startswith(("function-", "literal"))),
+        )
+        message = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field"
+        problems.append(Problem(tuple(path), message))
+    return problems
+
+
+def _engine_problems(raw: dict[str, Any], path: tuple[str | int, ...]) -> list[Problem]:
+    problems = []
+    command = raw.get("command")
+    if isinstance(command, list):
+        for index, arg in enumerate(command):
+            for message in command_problems([str(arg)]):
+                problems.append(Problem((*path, "command", index), message))
+    elif isinstance(command, str):
+        problems.append(
+            Problem((*path, "command"), "an argv list, never a shell string: [vllm, serve, MODEL]")
+        )
+    for section in ("settings", "bounds"):
+        values = raw.get(section)
+        if not isinstance(values, dict):
+            continue
+        for knob, value in values.items():
+            if knob not in TUNABLES:
+                problems.append(
+                    Problem((*path, section, knob), f"not a tunable (tunables: {', '.join(TUNABLES)})")
+                )
+            elif section == "settings" and (why := validate_value(knob, value)):
+                problems.append(Problem((*path, section, knob), why))
+            elif section == "bounds":
+                if not isinstance(value, list) or not value:
+                    problems.append(
+                        Problem((*path, section, knob), "expected [low, high] or a list of values")
+                    )
+                    continue
+                for position, item in enumerate(value):
+                    if why := validate_value(knob, item):
+                        problems.append(Problem((*path, section, knob, position), why))
+    if raw.get("control") == "systemd" and not raw.get("unit"):
+        problems.append(Problem((*path, "unit"), "systemd control needs the engine's unit"))
+    return problems
+
+
+def load_config(path: str | Path, text: str | None = None) -> Config:
+    try:
+        source = load_yaml(path, text)
+    except YamlError as error:
+        raise ConfigError(str(error).splitlines()) from None
+    data = source.data
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}:1: expected a mapping with engines: (see docs/config.md)"])
+    data = dict(data)
+    problems: list[Problem] = []
+    if "engine" in data:
+        if "engines" in data:
+            problems.append(Problem(("engine",), "use engine: (one) or engines: (a list), not both"))
+        else:
+            source.lines.update(
+                {
+                    ("engines", 0, *key[1:]): line
+                    for key, line in source.lines.items()
+                    if key[:1] == ("engine",)
+                }
+            )
+            data["engines"] = [data.pop("engine")]
+    engines = data.get("engines")
+    if isinstance(engines, list):
+        seen: dict[str, int] = {}
+        for index, raw in enumerate(engines):
+            if isinstance(raw, dict):
+                problems += _engine_problems(raw, ("engines", index))
+                name = raw.get("name")
+                if isinstance(name, str):
+                    if name in seen:
+                        problems.append(
+                            Problem(
+                                ("engines", index, "name"),
+                                f"duplicate engine name (first at engines[{seen[name]}])",
+                            )
+                        )
+                    seen.setdefault(name, index)
+    config = None
+    try:
+        config = Config.model_validate({**data, "source_file": str(path)})
+    except ValidationError as error:
+        problems += _pydantic_problems(error, ())
+    if problems or config is None:
+        raise ConfigError(located(source, problems))
+    return config

@@ -1,0 +1,271 @@
+"""The minimal ``tunerd run`` loop: sources → store → policies → engine control.
+
+Each tick, for every engine: read the GPU (one reading for all engines) and the engine's
+``/metrics``, record DESIGN §4.7's signals under the engine's name, turn a dead engine into an
+``engine_crash`` event, evaluate the policies, and act on the merged plan as the mode allows:
+
+- ``observe``: the plan is recorded (``skipped``) and nothing else;
+- ``advise``: recorded as ``proposed`` with the exact flag diff and the command that applies it;
+- ``act``: the :class:`~tunerd.engine.saga.Supervisor` restarts with the new settings, under
+  the guards; a crash with a plan restarts with the plan's settings, without one with the same.
+
+What this loop does not do yet (the daemon issue): status socket, its own /metrics, notify
+sinks, systemd mode, several engines acting in parallel (a restart blocks the loop), quiet
+periods and hooks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tunerd.clock import SYSTEM_CLOCK, Clock
+from tunerd.config import Config, EngineConfig
+from tunerd.engine.args import settings_to_args
+from tunerd.engine.guards import GuardConfig
+from tunerd.engine.saga import EngineSpec, Supervisor
+from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
+from tunerd.policy.schema import Policy, load_policy_files
+from tunerd.signals import engine_gpus, engine_memory, gpu_signals
+from tunerd.sources.gpu import GpuReading, GpuSource
+from tunerd.sources.select import gpu_source
+from tunerd.sources.vllm_metrics import MetricsClient, ScrapeError, parse
+from tunerd.state import HostLock, State
+from tunerd.store import Event, Store
+
+__all__ = ["Daemon", "EngineLoop"]
+
+FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
+_METRIC_FIELDS = (
+    "kv_cache_usage",
+    "num_requests_running",
+    "num_requests_waiting",
+    "num_requests_waiting_capacity",
+    "num_preemptions_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+)
+
+
+def _stderr_json(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}, default=str), file=sys.stderr, flush=True)
+
+
+@dataclass
+class EngineLoop:
+    """One engine's part of the loop: its supervisor, scraper and policy states."""
+
+    config: EngineConfig
+    supervisor: Supervisor
+    metrics: MetricsClient
+    policy_states: dict[str, PolicyState]
+    observed_since: float
+    crash_reported: bool = False
+    said: list[str] = field(default_factory=list)
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        gpu: GpuSource | None = None,
+        say: Callable[..., None] = _stderr_json,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.say = say
+        self.policies: list[Policy] = load_policy_files(config.policy_files())
+        self.lock = HostLock(config.state_dir)
+        self.lock.acquire()
+        self.state = State.open(config.state_dir)
+        self.store = Store.for_retention(6 * 3600, max(config.metrics.interval, 0.25))
+        self.gpu = gpu or gpu_source(config.gpu.source, config.gpu.url)
+        guards = GuardConfig(
+            max_restarts=config.guards.max_restarts,
+            window=config.guards.window,
+            on_exhausted=config.guards.on_exhausted,
+            settle=config.guards.settle,
+        )
+        now = clock.now()
+        self.engines = [
+            EngineLoop(
+                engine,
+                Supervisor(self._spec(engine), self.state, clock, guards=guards),
+                MetricsClient(engine.url),
+                new_states(self.policies),
+                now,
+            )
+            for engine in config.engines
+        ]
+
+    def _spec(self, engine: EngineConfig) -> EngineSpec:
+        return EngineSpec(
+            name=engine.name,
+            command=tuple(engine.command),
+            url=engine.url.rstrip("/"),
+            log_path=Path(self.config.state_dir) / "engines" / f"{engine.name}.log",
+            env=engine.env,
+            drain_seconds=engine.drain,
+            startup_timeout=engine.startup_timeout,
+            probation_seconds=engine.probation,
+        )
+
+    # -- life cycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Reconcile every engine with its state; start the ones tunerd never started."""
+        for loop in self.engines:
+            if loop.config.control != "supervise":
+                raise NotImplementedError("systemd control comes with the daemon issue")
+            done = loop.supervisor.reconcile()
+            if done == "no engine recorded":
+                result = loop.supervisor.start_initial(loop.config.settings)
+                done = f"first start: {result.outcome} ({result.reason})"
+            self.say("engine_reconciled", engine=loop.config.name, outcome=done)
+
+    def run(self, stop: threading.Event | None = None, ticks: int | None = None) -> None:
+        stop = stop or threading.Event()
+        count = 0
+        while not stop.is_set() and (ticks is None or count < ticks):
+            started = self.clock.monotonic()
+            self.tick()
+            count += 1
+            self.clock.sleep(self.config.metrics.interval - (self.clock.monotonic() - started))
+
+    def close(self) -> None:
+        """Stop watching; the engines keep running (they outlive tunerd by design)."""
+        for loop in self.engines:
+            loop.metrics.close()
+        self.gpu.close()
+        self.state.close()
+        self.lock.release()
+
+    # -- one tick --------------------------------------------------------------------------------
+    def tick(self) -> None:
+        now = self.clock.now()
+        reading = self.gpu.sample()
+        for loop in self.engines:
+            self._tick_engine(loop, reading, now)
+
+    def _record_signals(
+        self, loop: EngineLoop, reading: GpuReading, now: float, settings: Mapping[str, Any]
+    ) -> None:
+        name = loop.config.name
+        process = loop.supervisor.process
+        generation = self.state.engine(name).generation if self.state.engine(name) else 0  # type: ignore[union-attr]
+        up = 0.0
+        if process is not None and process.alive():
+            try:
+                snapshot = parse(loop.metrics.fetch())
+            except ScrapeError:
+                snapshot = None
+            if snapshot is not None and snapshot.engine_count > 0:
+                up = 1.0
+                for signal in _METRIC_FIELDS:
+                    value = getattr(snapshot, signal)
+                    self.store.record(signal, name, now, None if value is None else float(value), generation)
+        self.store.record("engine_up", name, now, up, generation)
+        gpus = engine_gpus(reading.gpus, loop.config.gpus)
+        if gpus:
+            worst = max(gpus, key=lambda gpu: gpu.memory_used_bytes or 0)
+            for signal, value in gpu_signals(worst).items():
+                self.store.record(signal, name, now, value, generation)
+        pids = process.members() if process is not None else []
+        memory = engine_memory(gpus, pids, settings.get("gpu_memory_utilization"))
+        for signal, value in memory.as_signals().items():
+            self.store.record(signal, name, now, value, generation)
+
+    def _tick_engine(self, loop: EngineLoop, reading: GpuReading, now: float) -> None:
+        name = loop.config.name
+        supervisor = loop.supervisor
+        settings = supervisor.running_settings() or dict(loop.config.settings)
+        self._record_signals(loop, reading, now, settings)
+        crash = supervisor.crashed()
+        if crash is not None and not loop.crash_reported:
+            self.store.add_event(Event(now, "engine_crash", name, data=crash))
+            loop.crash_reported = True
+            self.say("engine_crash", engine=name, kind=crash.get("kind"), message=crash.get("message"))
+        record = self.state.engine(name)
+        context = EngineContext(
+            name=name,
+            settings=settings,
+            bounds=loop.config.bounds,
+            failed=self.state.failed_values(name, now - FAILED_VALUE_SECONDS),
+            mode=self.config.mode,
+            observed_since=loop.observed_since,
+        )
+        loop.policy_states, plan = evaluate(self.policies, loop.policy_states, self.store, context, now)
+        if plan is not None and plan.hold and record is not None and not record.held:
+            self.state.set_flags(name, held=True)
+            self.state.record_action(
+                engine=name,
+                kind="hold",
+                mode=plan.mode,
+                outcome="succeeded",
+                reason="; ".join(plan.reasons) or "a policy asked to hold",
+                now=now,
+                policy=",".join(plan.policies),
+                evidence={"signals": dict(plan.evidence)},
+            )
+            self.say("engine_held", engine=name, policies=list(plan.policies))
+        if crash is not None:
+            tuned = (
+                plan.after
+                if plan is not None and plan.mode == "act" and plan.changes and not plan.hold
+                else None
+            )
+            if plan is not None and plan.changes and plan.mode != "act":
+                self._propose(plan, now)
+            said = supervisor.check(
+                tuned,
+                reason="; ".join(plan.reasons) if plan else "",
+                policy=",".join(plan.policies) if plan else None,
+                evidence={"signals": dict(plan.evidence)} if plan else None,
+            )
+            if said is not None:
+                self.say("engine_recovered", engine=name, outcome=said)
+            if supervisor.crashed() is None:
+                loop.crash_reported = False
+            return
+        if plan is None or not plan.changes or plan.hold:
+            return
+        if plan.mode != "act" or plan.restart is None:
+            self._propose(plan, now)
+            return
+        result = supervisor.restart(
+            plan.after,
+            reason="; ".join(plan.reasons),
+            policy=",".join(plan.policies),
+            evidence={"signals": dict(plan.evidence)},
+        )
+        self.say(
+            "engine_tuned", engine=name, outcome=result.outcome, reason=result.reason, changes=plan.changes
+        )
+
+    def _propose(self, plan: ActionPlan, now: float) -> None:
+        """observe: record; advise: record the exact flag diff and how to apply it."""
+        diff = " ".join(settings_to_args({knob: after for knob, (_, after) in plan.changes.items()}))
+        engine = next(e for e in self.config.engines if e.name == plan.engine)
+        command = " ".join([*engine.command, *settings_to_args(plan.after)])
+        reason = "; ".join(plan.reasons)
+        if plan.mode == "advise":
+            reason = f"{reason}; proposed {diff}; to apply: {command}"
+        self.state.record_action(
+            engine=plan.engine,
+            kind="tune",
+            mode=plan.mode,
+            outcome="proposed" if plan.mode == "advise" else "skipped",
+            reason=reason,
+            now=now,
+            policy=",".join(plan.policies),
+            from_settings=plan.before,
+            to_settings=plan.after,
+            evidence={"signals": dict(plan.evidence)},
+        )
+        self.say("tune_proposed", engine=plan.engine, mode=plan.mode, diff=diff)
