@@ -96,7 +96,7 @@ def _load(url: str, seconds: int) -> subprocess.Popen[str]:
             "--timeout",
             "60",
             "--retry-refused",
-        ],  # fmt: skip
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
