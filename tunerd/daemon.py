@@ -66,6 +66,7 @@ class EngineLoop:
     policy_states: dict[str, PolicyState]
     observed_since: float
     crash_reported: bool = False
+    engine_pids: set[int] = field(default_factory=set)  # as last seen alive: the OOM text lists them too
     said: list[str] = field(default_factory=list)
 
 
@@ -158,7 +159,8 @@ class Daemon:
     ) -> None:
         name = loop.config.name
         process = loop.supervisor.process
-        generation = self.state.engine(name).generation if self.state.engine(name) else 0  # type: ignore[union-attr]
+        record = self.state.engine(name)
+        generation = record.generation if record else 0
         up = 0.0
         if process is not None and process.alive():
             try:
@@ -177,6 +179,8 @@ class Daemon:
             for signal, value in gpu_signals(worst).items():
                 self.store.record(signal, name, now, value, generation)
         pids = process.members() if process is not None else []
+        if pids:
+            loop.engine_pids = set(pids)
         memory = engine_memory(gpus, pids, settings.get("gpu_memory_utilization"))
         for signal, value in memory.as_signals().items():
             self.store.record(signal, name, now, value, generation)
@@ -190,6 +194,14 @@ class Daemon:
         if crash is not None and not loop.crash_reported:
             self.store.add_event(Event(now, "engine_crash", name, data=crash))
             loop.crash_reported = True
+            listed = crash.get("other_processes") or []
+            if crash.get("kind") == "cuda_oom" and listed:
+                # torch's OOM text lists the processes on the GPU at the moment of death: the
+                # freshest reading of the neighbours there is (the GPU sample may be seconds old).
+                others = sum(item["bytes"] for item in listed if item["pid"] not in loop.engine_pids)
+                record = self.state.engine(name)
+                generation = record.generation if record else 0
+                self.store.record("other_processes_memory_bytes", name, now, float(others), generation)
             self.say("engine_crash", engine=name, kind=crash.get("kind"), message=crash.get("message"))
         record = self.state.engine(name)
         context = EngineContext(
@@ -214,6 +226,16 @@ class Daemon:
                 evidence={"signals": dict(plan.evidence)},
             )
             self.say("engine_held", engine=name, policies=list(plan.policies))
+        done = self._act(loop, plan, crash, now)
+        if plan is not None and plan.notify:
+            self._notify(plan, now, done)
+
+    def _act(
+        self, loop: EngineLoop, plan: ActionPlan | None, crash: Mapping[str, Any] | None, now: float
+    ) -> str:
+        """Carry out what the mode allows; say what happened (the alert reports it)."""
+        name = loop.config.name
+        supervisor = loop.supervisor
         if crash is not None:
             tuned = (
                 plan.after
@@ -232,12 +254,14 @@ class Daemon:
                 self.say("engine_recovered", engine=name, outcome=said)
             if supervisor.crashed() is None:
                 loop.crash_reported = False
-            return
-        if plan is None or not plan.changes or plan.hold:
-            return
+            return said or "the engine is down; waiting"
+        if plan is None or not plan.changes:
+            return "nothing to change"
+        if plan.hold:
+            return "held: nothing changed"
         if plan.mode != "act" or plan.restart is None:
             self._propose(plan, now)
-            return
+            return "proposed, not applied" if plan.mode == "advise" else "observed, not applied"
         result = supervisor.restart(
             plan.after,
             reason="; ".join(plan.reasons),
@@ -247,6 +271,24 @@ class Daemon:
         self.say(
             "engine_tuned", engine=name, outcome=result.outcome, reason=result.reason, changes=plan.changes
         )
+        return f"restart {result.outcome}: {result.reason}"
+
+    def _notify(self, plan: ActionPlan, now: float, done: str) -> None:
+        """Record the alert a plan asks for. Chat sinks come with the daemon issue; until then
+        the alert is in history and on stderr, marked as not delivered."""
+        severities = sorted({severity for _, severity, _ in plan.notify})
+        self.state.record_action(
+            engine=plan.engine,
+            kind="notify",
+            mode=plan.mode,
+            outcome="skipped",
+            reason=f"{'/'.join(severities)}: {'; '.join(plan.reasons) or ', '.join(plan.policies)}; "
+            f"what tunerd did: {done}; not delivered: no notify sinks yet",
+            now=now,
+            policy=",".join(policy for policy, _, _ in plan.notify),
+            evidence={"signals": dict(plan.evidence)},
+        )
+        self.say("alert", engine=plan.engine, severity=severities, policies=[p for p, _, _ in plan.notify])
 
     def _propose(self, plan: ActionPlan, now: float) -> None:
         """observe: record; advise: record the exact flag diff and how to apply it."""

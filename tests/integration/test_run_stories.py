@@ -184,3 +184,61 @@ def test_oom_prone_config_is_tuned_down_until_stable(tmp_path: Path) -> None:
     served = int(summary.split("requests: ")[1].split(" ok")[0])
     assert served >= 100, summary
     assert record.running == record.last_known_good
+
+
+def test_a_growing_neighbour_is_alerted_not_tuned(tmp_path: Path) -> None:
+    """The seed's config at 0.90 while a notebook on the same GPU grows by 1 GiB a minute: the
+    engine dies of a CUDA OOM that is not its own fault; tunerd alerts and tunes nothing. (The
+    simulated notebook starts over with each engine start, so the next crash comes soon and,
+    with unchanged settings, is a loop: tunerd holds rather than tune around a neighbour.)"""
+    port = _free_port()
+    seed = {
+        "gpu_memory_utilization": 0.90,
+        "max_model_len": 32768,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 2048,
+        "kv_cache_dtype": "fp8",
+    }
+    config = _config(
+        tmp_path,
+        port,
+        seed,
+        {"gpu_memory_utilization": [0.80, 0.90]},
+        "--sim-neighbor",
+        "256MiB@0s+1GiB/1m:notebook",
+        policies=_policies(tmp_path, "oom-neighbour", "oom"),
+    )
+    tunerd = subprocess.Popen(
+        [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        load = _load(url, 15)
+        load.communicate(timeout=120)
+    finally:
+        tunerd.send_signal(signal.SIGTERM)
+        output = tunerd.communicate(timeout=60)[0]
+        _kill_engine(tmp_path / "state")
+    events = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert any(e["event"] == "engine_crash" and e["kind"] == "cuda_oom" for e in events), output
+    state = State.open(tmp_path / "state")
+    history = state.history(limit=500)
+    alerts = [h for h in history if h["kind"] == "notify"]
+    assert alerts, history
+    first = alerts[-1]  # history is newest first
+    assert first["policy"] == "oom-neighbour"
+    assert first["reason"].startswith("critical")
+    assert "restarted after cuda_oom" in first["reason"]  # same settings: the engine was not at fault
+    assert [h for h in history if h["kind"] == "tune"] == []  # nothing tuned, ever
+    record = state.engine("main")
+    assert record is not None
+    assert state.version(record.running).settings == seed

@@ -1,0 +1,103 @@
+"""The config file: DESIGN §4.8's example loads; every mistake is located."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunerd.config import ConfigError, load_config
+
+DESIGN_EXAMPLE = """\
+engines:
+  - name: llama31-8b
+    control: supervise
+    command: [vllm, serve, /srv/models/Llama-3.1-8B-Instruct-AWQ]
+    env: {HF_HUB_OFFLINE: "1"}
+    url: http://127.0.0.1:8000
+    gpus: [0]
+    settings: {gpu_memory_utilization: 0.92, max_model_len: 32768, max_num_seqs: 8,
+               max_num_batched_tokens: 2048, kv_cache_dtype: fp8}
+    bounds: {gpu_memory_utilization: [0.80, 0.95], max_num_seqs: [4, 16],
+             max_num_batched_tokens: [512, 8192]}
+    model: {name: llama-3.1-8b, weights: awq}
+    hooks: {pre_stop: [/usr/local/bin/lb-drain, llama31]}
+gpu: {source: nvml, interval: 250ms}
+metrics: {interval: 2s}
+clock: {source: system}
+mode: advise
+policies: [policies/*.yaml]
+guards: {max_restarts: 3, window: 1h, on_exhausted: hold, quiet: {max_running: 0, for: 2m}}
+notify:
+  - {name: ops, kind: feishu, url_env: TUNERD_FEISHU_URL, secret_env: TUNERD_FEISHU_SECRET}
+state_dir: /var/lib/tunerd
+listen: {metrics: 127.0.0.1:9464, status: /run/tunerd/tunerd.sock}
+"""
+
+
+def test_the_design_example_loads(tmp_path: Path) -> None:
+    (tmp_path / "policies").mkdir()
+    for name in ("b.yaml", "a.yaml"):
+        (tmp_path / "policies" / name).write_text("version: 1\npolicies: []\n")
+    path = tmp_path / "tunerd.yaml"
+    path.write_text(DESIGN_EXAMPLE)
+    config = load_config(path)
+    [engine] = config.engines
+    assert engine.settings["kv_cache_dtype"] == "fp8"
+    assert engine.drain == 120.0
+    assert config.gpu.interval == 0.25
+    assert config.guards.window == 3600.0
+    assert config.guards.quiet is not None
+    assert config.guards.quiet.for_ == 120.0
+    assert config.mode == "advise"
+    assert config.policy_files() == [tmp_path / "policies" / "a.yaml", tmp_path / "policies" / "b.yaml"]
+
+
+def test_a_single_engine_block_is_shorthand(tmp_path: Path) -> None:
+    text = "engine:\n  name: one\n  command: [vllm, serve, m]\n  settings: {max_num_seqs: 4}\n"
+    config = load_config(tmp_path / "c.yaml", text)
+    assert [e.name for e in config.engines] == ["one"]
+
+
+def _problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config("c.yaml", text)
+    return caught.value.problems
+
+
+def test_every_problem_is_located() -> None:
+    problems = _problems(
+        "engines:\n"
+        "  - name: a\n"
+        "    command: [vllm, serve, m, --max-num-seqs, '8', --disable-log-stats]\n"  # line 3
+        "    settings:\n"
+        "      gpu_memory_utilization: 1.5\n"  # line 5
+        "      swap_space: 4\n"  # line 6
+        "    bounds: {max_num_seqs: [4, zero]}\n"  # line 7
+        "  - name: a\n"  # line 8
+        "    command: vllm serve m\n"  # line 9
+        "mode: yolo\n"  # line 10
+        "colour: blue\n"  # line 11
+    )
+    text = "\n".join(problems)
+    assert "c.yaml:3: engines[0].command[3]: --max-num-seqs is tuned by tunerd" in text
+    assert "c.yaml:3: engines[0].command[5]: --disable-log-stats is not allowed in command" in text
+    assert (
+        "c.yaml:5: engines[0].settings.gpu_memory_utilization: gpu_memory_utilization must be in (0, 1]"
+        in text
+    )
+    assert "c.yaml:6: engines[0].settings.swap_space: not a tunable" in text
+    assert "c.yaml:7: engines[0].bounds.max_num_seqs[1]: max_num_seqs takes a number" in text
+    assert "c.yaml:8: engines[1].name: duplicate engine name (first at engines[0])" in text
+    assert "c.yaml:9: engines[1].command: an argv list, never a shell string" in text
+    assert any(p.startswith("c.yaml:10: mode:") for p in problems)
+    assert "c.yaml:11: colour: unknown field" in text
+
+
+def test_systemd_control_needs_a_unit_and_engines_are_required() -> None:
+    assert any(
+        "unit: systemd control needs" in p
+        for p in _problems("engine: {name: a, control: systemd, command: [x]}\n")
+    )
+    assert any("engines" in p for p in _problems("mode: act\n"))
+    assert any("not both" in p for p in _problems("engine: {name: a, command: [x]}\nengines: []\n"))
