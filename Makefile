@@ -33,6 +33,7 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_metrics_parse.py
 	$(BIN)/python bench/bench_policy_eval.py
+	$(BIN)/python bench/bench_respawn.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check tunerd tests bench

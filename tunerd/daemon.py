@@ -40,6 +40,7 @@ from tunerd.store import Event, Store
 
 __all__ = ["Daemon", "EngineLoop"]
 
+DEATH_POLL_S = 0.05  # how often the wait between ticks looks for a dead engine (a waitpid or a /proc read)
 FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
 _METRIC_FIELDS = (
     "kv_cache_usage",
@@ -131,13 +132,27 @@ class Daemon:
             self.say("engine_reconciled", engine=loop.config.name, outcome=done)
 
     def run(self, stop: threading.Event | None = None, ticks: int | None = None) -> None:
+        """Tick every metrics interval until ``stop``; a dead engine cuts the wait short, so a
+        crash is handled within :data:`DEATH_POLL_S` rather than a whole interval."""
         stop = stop or threading.Event()
         count = 0
         while not stop.is_set() and (ticks is None or count < ticks):
             started = self.clock.monotonic()
             self.tick()
             count += 1
-            self.clock.sleep(self.config.metrics.interval - (self.clock.monotonic() - started))
+            deadline = started + self.config.metrics.interval
+            while not stop.is_set() and self.clock.monotonic() < deadline and not self._engine_died():
+                self.clock.sleep(min(DEATH_POLL_S, deadline - self.clock.monotonic()))
+
+    def _engine_died(self) -> bool:
+        """A supervised engine's process is gone and its crash not yet handled."""
+        return any(
+            loop.supervisor.process is not None
+            and not loop.supervisor.process.alive()
+            and loop.supervisor.next_restart_at is None
+            and not loop.crash_reported
+            for loop in self.engines
+        )
 
     def close(self) -> None:
         """Stop watching; the engines keep running (they outlive tunerd by design)."""
