@@ -1,0 +1,79 @@
+"""What each mode does with a plan that changes settings (DESIGN §4.8): observe records it,
+advise proposes the exact flag diff and the command that applies it, act needs the saga (see
+tests/integration/test_run_stories.py). The plan is built by hand; the state is real SQLite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunerd.config import load_config
+from tunerd.daemon import Daemon
+from tunerd.policy.engine import ActionPlan
+from tunerd.policy.schema import RestartSpec
+from tunerd.sources.gpu import NoGpuSource
+from tunerd.tune import TuneResult
+
+SEED = {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8}
+
+
+def _daemon(tmp_path: Path, mode: str) -> Daemon:
+    config = tmp_path / "tunerd.yaml"
+    config.write_text(
+        f"engine:\n  name: main\n  command: [vllm, serve, /srv/llama]\n  settings: {SEED}\n"
+        f"mode: {mode}\npolicies: []\nstate_dir: {tmp_path / 'state'}\n"
+    )
+    return Daemon(load_config(config), gpu=NoGpuSource(), say=lambda *a, **k: None)
+
+
+def _plan(mode: str) -> ActionPlan:
+    after = {**SEED, "max_num_seqs": 6}
+    return ActionPlan(
+        engine="main",
+        time=100.0,
+        policies=("kv-pool-saturated",),
+        mode=mode,
+        before=SEED,
+        after=after,
+        tunes=(TuneResult("max_num_seqs", 8, 6, "step_down"),),
+        restart=RestartSpec(),
+        reasons=("kv-pool-saturated: max_num_seqs 8 → 6",),
+    )
+
+
+def test_advise_records_the_flag_diff_and_the_command(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path, "advise")
+    try:
+        done = daemon._act(daemon.engines[0], _plan("advise"), None, now=100.0)
+        [record] = daemon.state.history()
+    finally:
+        daemon.close()
+    assert done == "proposed, not applied"
+    assert (record["kind"], record["mode"], record["outcome"]) == ("tune", "advise", "proposed")
+    assert "proposed --max-num-seqs 6" in record["reason"]
+    assert (
+        "to apply: vllm serve /srv/llama --gpu-memory-utilization 0.92 --max-model-len 32768 --max-num-seqs 6"
+        in record["reason"]
+    )
+    assert record["to_settings"]["max_num_seqs"] == 6
+
+
+def test_observe_records_and_changes_nothing(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path, "observe")
+    try:
+        done = daemon._act(daemon.engines[0], _plan("observe"), None, now=100.0)
+        [record] = daemon.state.history()
+    finally:
+        daemon.close()
+    assert done == "observed, not applied"
+    assert (record["mode"], record["outcome"]) == ("observe", "skipped")
+
+
+def test_a_second_daemon_on_the_same_state_is_refused(tmp_path: Path) -> None:
+    first = _daemon(tmp_path, "advise")
+    try:
+        with pytest.raises(Exception, match="one tunerd per host"):
+            _daemon(tmp_path, "advise")
+    finally:
+        first.close()
