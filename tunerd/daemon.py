@@ -31,7 +31,7 @@ from tunerd.engine.guards import GuardConfig
 from tunerd.engine.saga import EngineSpec, Supervisor
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
 from tunerd.policy.schema import Policy, load_policy_files
-from tunerd.signals import engine_gpus, engine_memory, gpu_signals
+from tunerd.signals import ENGINE_METRIC_SIGNALS, engine_gpus, engine_memory, gpu_signals
 from tunerd.sources.gpu import GpuReading, GpuSource
 from tunerd.sources.select import gpu_source
 from tunerd.sources.vllm_metrics import MetricsClient, ScrapeError, parse
@@ -42,15 +42,7 @@ __all__ = ["Daemon", "EngineLoop"]
 
 DEATH_POLL_S = 0.05  # how often the wait between ticks looks for a dead engine (a waitpid or a /proc read)
 FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
-_METRIC_FIELDS = (
-    "kv_cache_usage",
-    "num_requests_running",
-    "num_requests_waiting",
-    "num_requests_waiting_capacity",
-    "num_preemptions_total",
-    "prompt_tokens_total",
-    "generation_tokens_total",
-)
+_METRIC_FIELDS = tuple(name for name in ENGINE_METRIC_SIGNALS if name != "engine_up")  # from /metrics
 
 
 def _stderr_json(event: str, **fields: Any) -> None:

@@ -103,6 +103,24 @@ def _load(url: str, seconds: int) -> subprocess.Popen[str]:
     )
 
 
+def _start_tunerd(config: Path, url: str) -> subprocess.Popen[str]:
+    """`tunerd run` as a user starts it; returns once the engine it started answers."""
+    tunerd = subprocess.Popen(
+        [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return tunerd
+        time.sleep(0.1)
+    tunerd.kill()
+    raise AssertionError("the engine tunerd started never answered:\n" + (tunerd.communicate()[0] or ""))
+
+
 def _kill_engine(state_dir: Path) -> None:
     with contextlib.suppress(Exception):
         state = State.open(state_dir)
@@ -130,20 +148,9 @@ def test_oom_prone_config_is_tuned_down_until_stable(tmp_path: Path) -> None:
         {"gpu_memory_utilization": [0.80, 0.97], "max_num_batched_tokens": [1024, 8192]},
         policies=_policies(tmp_path, "oom"),
     )
-    tunerd = subprocess.Popen(
-        [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
     url = f"http://127.0.0.1:{port}"
+    tunerd = _start_tunerd(config, url)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
         load = _load(url, 40)
         summary = load.communicate(timeout=120)[0]
         # after the load: no restart in flight, and the engine serves
@@ -208,20 +215,9 @@ def test_a_growing_neighbour_is_alerted_not_tuned(tmp_path: Path) -> None:
         "256MiB@0s+1GiB/1m:notebook",
         policies=_policies(tmp_path, "oom-neighbour", "oom"),
     )
-    tunerd = subprocess.Popen(
-        [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
     url = f"http://127.0.0.1:{port}"
+    tunerd = _start_tunerd(config, url)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
         load = _load(url, 15)
         load.communicate(timeout=120)
     finally:

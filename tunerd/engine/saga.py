@@ -189,7 +189,7 @@ class Supervisor:
                 to_settings=settings,
                 evidence=evidence,
             )
-            if refusal.hold and not self.state.engine(self.spec.name).held:  # type: ignore[union-attr]
+            if refusal.hold and not record.held:
                 self.state.set_flags(self.spec.name, held=True)
             return RestartResult("skipped", action, old.id, refusal.reason)
         version = self.state.add_version(self.spec.name, settings, "tune", now)
