@@ -16,7 +16,7 @@ from tunerd.commands.common import EXIT_OK, Parser, UsageError, positive_int
 from tunerd.state import State, StateError
 from tunerd.yamlfile import YamlError, load_yaml
 
-__all__ = ["register"]
+__all__ = ["add_state_arguments", "register", "state_dir_of"]
 
 DEFAULT_CONFIG = "/etc/tunerd/tunerd.yaml"
 DEFAULT_STATE_DIR = "/var/lib/tunerd"
@@ -33,16 +33,21 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser.add_argument(
         "--limit", type=positive_int, default=50, metavar="N", help="at most N records (default 50)"
     )
+    add_state_arguments(parser)
+    parser.set_defaults(handler=_run, prog=parser.prog)
+
+
+def add_state_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir",
         metavar="DIR",
         help=f"the state directory (default: from the config, else {DEFAULT_STATE_DIR})",
     )
     parser.add_argument("--config", metavar="FILE", help=f"the daemon's config (default {DEFAULT_CONFIG})")
-    parser.set_defaults(handler=_run, prog=parser.prog)
 
 
-def _state_dir(args: argparse.Namespace) -> str:
+def state_dir_of(args: argparse.Namespace) -> str:
+    """``--state-dir``, else ``state_dir`` in ``--config``, else the default."""
     if args.state_dir:
         return str(args.state_dir)
     config = args.config or DEFAULT_CONFIG
@@ -71,12 +76,13 @@ def _text(actions: list[dict[str, Any]]) -> str:
             f"#{action['id']} {action['time']} {action['engine']} {action['kind']} ({action['mode']}) "
             f"{action['outcome']}{' — ' + diff if diff else ''}"
         )
-        lines.append(f"    {action['policy'] or 'by hand'}: {action['reason']}")
+        who = action["policy"] or ("by hand" if action["kind"] in ("pin", "resume") else "tunerd")
+        lines.append(f"    {who}: {action['reason']}")
     return "\n".join(lines) + "\n"
 
 
 def _run(args: argparse.Namespace) -> int:
-    state_dir = _state_dir(args)
+    state_dir = state_dir_of(args)
     try:
         state = State.open(state_dir, readonly=True)
     except StateError:
