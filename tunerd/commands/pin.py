@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 
-
 from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands.common import EXIT_OK, Parser, UsageError
 from tunerd.commands.history import add_state_arguments, state_dir_of
