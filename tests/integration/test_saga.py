@@ -236,3 +236,31 @@ def test_a_crash_loop_holds_the_engine_without_a_restart_storm(tmp_path: Path) -
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(record.pid, signal.SIGKILL)
         state.close()
+
+
+def test_a_pinned_engine_that_crashes_restarts_with_its_own_settings(tmp_path: Path) -> None:
+    """Regression: a crash of a pinned engine with tuned settings on offer left it down (the
+    tune was refused as pinned, and nothing restarted the old settings)."""
+    port = _free_port()
+    base = _spec(tmp_path, port)
+    spec = EngineSpec(**{**base.__dict__, "command": (*base.command, "--sim-drift", "100GiB/h")})
+    state = State.open(tmp_path / "state")
+    supervisor = Supervisor(spec, state, guards=GuardConfig(settle=0, max_restarts=10))
+    try:
+        assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
+        state.set_flags("main", pinned=True)
+        lower = {**SEED_SETTINGS, "gpu_memory_utilization": 0.89}
+        said = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and said is None:
+            said = supervisor.check(lower, reason="oom: gpu_memory_utilization 0.92 → 0.89", policy="oom")
+            time.sleep(0.1)
+        assert said == "restarted after cuda_oom"
+        assert supervisor.running_settings() == SEED_SETTINGS
+        assert [h["kind"] for h in state.history()] == ["restart", "restart"]  # no tune, not even skipped
+    finally:
+        record = state.engine("main")
+        if record is not None and record.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(record.pid, signal.SIGKILL)
+        state.close()

@@ -404,7 +404,8 @@ class Supervisor:
         spent = budget(EngineFacts(self.state.restart_times(self.spec.name, since)), self.guards, now)[1] == 0
         crashed_because = f"engine crashed ({crash['kind']}): {crash['message']}"
         tail = diagnosis_tail(self.process)
-        if tuned is not None and dict(tuned) != crashed and not (loop or spent or record.held):
+        may_tune = may_change(self.facts(), self.guards, now, settle=False) is None  # pinned, paused…
+        if tuned is not None and dict(tuned) != crashed and may_tune and not (loop or spent):
             result = self.restart(
                 tuned,
                 reason=f"{crashed_because}; {reason}".rstrip("; "),
