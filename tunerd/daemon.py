@@ -88,16 +88,12 @@ class Daemon:
             settle=config.guards.settle,
         )
         now = clock.now()
-        self.engines = [
-            EngineLoop(
-                engine,
-                Supervisor(self._spec(engine), self.state, clock, guards=guards),
-                MetricsClient(engine.url),
-                new_states(self.policies),
-                now,
-            )
-            for engine in config.engines
-        ]
+        self.engines = [self._loop(engine, guards, now) for engine in config.engines]
+
+    def _loop(self, engine: EngineConfig, guards: GuardConfig, now: float) -> EngineLoop:
+        client = MetricsClient(engine.url)  # one client for /metrics and /health
+        supervisor = Supervisor(self._spec(engine), self.state, self.clock, guards=guards, client=client)
+        return EngineLoop(engine, supervisor, client, new_states(self.policies), now)
 
     def _spec(self, engine: EngineConfig) -> EngineSpec:
         return EngineSpec(
@@ -162,12 +158,10 @@ class Daemon:
             self._tick_engine(loop, reading, now)
 
     def _record_signals(
-        self, loop: EngineLoop, reading: GpuReading, now: float, settings: Mapping[str, Any]
+        self, loop: EngineLoop, reading: GpuReading, now: float, settings: Mapping[str, Any], generation: int
     ) -> None:
         name = loop.config.name
         process = loop.supervisor.process
-        record = self.state.engine(name)
-        generation = record.generation if record else 0
         up = 0.0
         if process is not None and process.alive():
             try:
@@ -196,7 +190,9 @@ class Daemon:
         name = loop.config.name
         supervisor = loop.supervisor
         settings = supervisor.running_settings() or dict(loop.config.settings)
-        self._record_signals(loop, reading, now, settings)
+        record = self.state.engine(name)
+        generation = record.generation if record else 0
+        self._record_signals(loop, reading, now, settings, generation)
         crash = supervisor.crashed()
         if crash is not None and not loop.crash_reported:
             self.store.add_event(Event(now, "engine_crash", name, data=crash))
@@ -206,11 +202,8 @@ class Daemon:
                 # torch's OOM text lists the processes on the GPU at the moment of death: the
                 # freshest reading of the neighbours there is (the GPU sample may be seconds old).
                 others = sum(item["bytes"] for item in listed if item["pid"] not in loop.engine_pids)
-                record = self.state.engine(name)
-                generation = record.generation if record else 0
                 self.store.record("other_processes_memory_bytes", name, now, float(others), generation)
             self.say("engine_crash", engine=name, kind=crash.get("kind"), message=crash.get("message"))
-        record = self.state.engine(name)
         context = EngineContext(
             name=name,
             settings=settings,

@@ -9,6 +9,8 @@ the state database, which the running daemon reads every tick, and are recorded 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands.common import EXIT_OK, Parser, UsageError
@@ -52,13 +54,15 @@ def _open(args: argparse.Namespace) -> State:
     return State.open(state_dir)
 
 
-def _pin(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _changing(args: argparse.Namespace, kind: str) -> Iterator[State]:
+    """The state to change; the person's ``kind`` action is recorded with their reason."""
     state = _open(args)
     try:
-        state.set_flags(args.engine, pinned=True)
+        yield state
         state.record_action(
             engine=args.engine,
-            kind="pin",
+            kind=kind,
             mode="act",
             outcome="succeeded",
             reason=args.reason,
@@ -66,23 +70,17 @@ def _pin(args: argparse.Namespace) -> int:
         )
     finally:
         state.close()
+
+
+def _pin(args: argparse.Namespace) -> int:
+    with _changing(args, "pin") as state:
+        state.set_flags(args.engine, pinned=True)
     print(f"{args.engine}: pinned; `tunerd resume {args.engine}` lets tunerd tune it again")
     return EXIT_OK
 
 
 def _resume(args: argparse.Namespace) -> int:
-    state = _open(args)
-    try:
+    with _changing(args, "resume") as state:
         state.set_flags(args.engine, pinned=False, held=False, paused=None)
-        state.record_action(
-            engine=args.engine,
-            kind="resume",
-            mode="act",
-            outcome="succeeded",
-            reason=args.reason,
-            now=SYSTEM_CLOCK.now(),
-        )
-    finally:
-        state.close()
     print(f"{args.engine}: resumed; policies may tune it again")
     return EXIT_OK

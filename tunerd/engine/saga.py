@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.engine.args import engine_argv
 from tunerd.engine.guards import (
@@ -46,7 +44,8 @@ from tunerd.engine.guards import (
     may_change,
 )
 from tunerd.engine.process import EngineProcess, Identity, ProcessError, find_by_argv
-from tunerd.sources.engine_log import LogDiagnoser
+from tunerd.sources.engine_log import LogDiagnoser, LogDiagnosis
+from tunerd.sources.vllm_metrics import MetricsClient
 from tunerd.state import State
 
 __all__ = ["STEPS", "EngineSpec", "RestartResult", "Supervisor"]
@@ -108,8 +107,11 @@ class Supervisor:
         *,
         on_step: Callable[[str], None] | None = None,
         guards: GuardConfig | None = None,
+        client: MetricsClient | None = None,
     ) -> None:
         self.guards = guards or GuardConfig()
+        self._owns_client = client is None
+        self.client = client or MetricsClient(spec.url)  # /health (and, for the daemon, /metrics)
         self.spec = spec
         self.state = state
         self.clock = clock
@@ -127,10 +129,11 @@ class Supervisor:
         return self.state.version(record.running).settings
 
     def healthy(self) -> bool:
-        try:
-            return httpx.get(self.spec.url + "/health", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return self.client.health() == 200
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
 
     # -- the first start ----------------------------------------------------------------------
     def start_initial(self, settings: Mapping[str, Any]) -> RestartResult:
@@ -314,7 +317,7 @@ class Supervisor:
                 raise _StartFailed(f"not healthy after {self._timeout(version):g} s")
             self.clock.sleep(_POLL_S)
 
-    def _diagnose(self, process: EngineProcess) -> Any:
+    def _diagnose(self, process: EngineProcess) -> LogDiagnosis:
         try:
             lines = process.log_path.read_text(errors="replace").splitlines()
         except OSError:
