@@ -20,7 +20,9 @@ from tunerd.policy.schema import Duration
 from tunerd.tune import TUNABLES, validate_value
 from tunerd.yamlfile import Problem, YamlError, load_yaml, located
 
-__all__ = ["Config", "ConfigError", "EngineConfig", "load_config"]
+__all__ = ["DEFAULT_CONFIG", "Config", "ConfigError", "EngineConfig", "load_config"]
+
+DEFAULT_CONFIG = "/etc/tunerd/tunerd.yaml"
 
 
 class ConfigError(Exception):

@@ -13,12 +13,12 @@ import sys
 from typing import Any
 
 from tunerd.commands.common import EXIT_OK, Parser, UsageError, positive_int
+from tunerd.config import DEFAULT_CONFIG
 from tunerd.state import State, StateError
 from tunerd.yamlfile import YamlError, load_yaml
 
 __all__ = ["add_state_arguments", "register", "state_dir_of"]
 
-DEFAULT_CONFIG = "/etc/tunerd/tunerd.yaml"
 DEFAULT_STATE_DIR = "/var/lib/tunerd"
 
 

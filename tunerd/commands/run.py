@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
 from types import FrameType
 
 from tunerd.commands.common import EXIT_OK, Parser, UsageError, positive_int
-from tunerd.config import ConfigError, load_config
+from tunerd.commands.config import load_or_usage_error
+from tunerd.config import DEFAULT_CONFIG
 from tunerd.daemon import Daemon
 from tunerd.policy.schema import PolicyError
 from tunerd.state import StateError
 
 __all__ = ["register"]
-
-DEFAULT_CONFIG = "/etc/tunerd/tunerd.yaml"
 
 
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
@@ -45,12 +43,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as error:
-        for problem in error.problems:
-            print(problem, file=sys.stderr)
-        raise UsageError(f"{args.config}: the config did not load") from None
+    config = load_or_usage_error(args.config)
     try:
         daemon = Daemon(config)
     except (PolicyError, StateError, ValueError) as error:
