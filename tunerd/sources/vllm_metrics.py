@@ -126,6 +126,7 @@ class MetricsSnapshot:
     engines: tuple[EngineMetrics, ...]
     problems: tuple[str, ...] = ()
     lines_read: int = 0
+    cache_config: dict[str, str] | None = None  # the first engine's vllm:cache_config_info labels
 
     @property
     def ok(self) -> bool:
@@ -326,7 +327,13 @@ def _normalize(
         engines=per_engine,
         problems=tuple(problems),
         lines_read=lines_read,
+        cache_config=_first_info(engines),
     )
+
+
+def _first_info(engines: dict[str, _Engine]) -> dict[str, str] | None:
+    ordered = sorted(engines.items(), key=lambda item: (len(item[0]), item[0]))
+    return next((dict(engine.info) for _, engine in ordered if engine.info is not None), None)
 
 
 class CounterRates:
