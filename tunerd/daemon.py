@@ -125,6 +125,56 @@ class Daemon:
                 result = loop.supervisor.start_initial(loop.config.settings)
                 done = f"first start: {result.outcome} ({result.reason})"
             self.say("engine_reconciled", engine=loop.config.name, outcome=done)
+            self._people_win(loop)
+
+    def _people_win(self, loop: EngineLoop) -> None:
+        """A person changed the engine's settings or command in the config since tunerd last
+        saw it: theirs become the new base — the engine restarts with them through the saga —
+        tuning pauses for that engine, and an alert says so."""
+        name = loop.config.name
+        supervisor = loop.supervisor
+        record = self.state.engine(name)
+        base = self.state.base_settings(name)
+        running = supervisor.running_settings()
+        if record is None or base is None or running is None or record.argv is None:
+            return
+        wanted = dict(loop.config.settings)
+        command_changed = list(record.argv) != supervisor.spec.argv(running)
+        if wanted == base and not command_changed:
+            return
+        changed = [
+            f"{knob} {base.get(knob)}→{wanted.get(knob)}"
+            for knob in sorted(set(base) | set(wanted))
+            if base.get(knob) != wanted.get(knob)
+        ]
+        if command_changed:
+            changed.append("command")
+        why = f"the config was changed by a person ({', '.join(changed)}): adopted as the new base"
+        now = self.clock.now()
+        action = self.state.record_action(
+            engine=name,
+            kind="adopt",
+            mode="act",
+            outcome="proposed",
+            reason=why,
+            now=now,
+            from_settings=running,
+            to_settings=wanted,
+            evidence={"asked_by": f"config {self.config.source_file}"},
+        )
+        self.state.set_flags(name, paused=f"{why}; tuning paused until `tunerd resume {name}`")
+        result = supervisor.restart(wanted, reason=why, asked=action, source="adopt")
+        self.say("engine_adopted", engine=name, outcome=result.outcome, changed=changed)
+        self.state.record_action(
+            engine=name,
+            kind="notify",
+            mode="act",
+            outcome="skipped",
+            reason=f"warning: {why}; restart {result.outcome}; tuning paused; "
+            "not delivered: no notify sinks yet",
+            now=self.clock.now(),
+            evidence={"changed": changed},
+        )
 
     def run(self, stop: threading.Event | None = None, ticks: int | None = None) -> None:
         """Tick every metrics interval until ``stop``; a dead engine cuts the wait short, so a
@@ -201,6 +251,8 @@ class Daemon:
         generation = record.generation if record else 0
         self._record_signals(loop, reading, now, settings, generation)
         crash = supervisor.crashed()
+        if crash is None and self._rollback_asked(loop):
+            return  # a person's rollback took this tick; the policies look again at the next
         if crash is not None and not loop.crash_reported:
             self.store.add_event(Event(now, "engine_crash", name, data=crash))
             loop.crash_reported = True
@@ -236,6 +288,21 @@ class Daemon:
         done = self._act(loop, plan, crash, now)
         if plan is not None and plan.notify:
             self._notify(plan, now, done)
+
+    def _rollback_asked(self, loop: EngineLoop) -> bool:
+        """Carry out the newest ``tunerd rollback`` for this engine (older ones are superseded)."""
+        asked = self.state.requested_rollbacks(loop.config.name)
+        if not asked:
+            return False
+        now = self.clock.now()
+        for stale in asked[:-1]:
+            self.state.update_action(
+                stale["id"], "skipped", now, f"{stale['reason']}; superseded by a later rollback"
+            )
+        newest = asked[-1]
+        result = loop.supervisor.restart(newest["to_settings"], reason=newest["reason"], asked=newest["id"])
+        self.say("engine_rolled_back", engine=loop.config.name, outcome=result.outcome, reason=result.reason)
+        return True
 
     def _act(
         self, loop: EngineLoop, plan: ActionPlan | None, crash: Mapping[str, Any] | None, now: float

@@ -236,6 +236,16 @@ class State:
             row["failed_at"],
         )
 
+    def base_settings(self, engine: str) -> dict[str, Any] | None:
+        """What a person last set: the settings of the engine's newest ``initial`` or ``adopt``
+        version (the config's, when tunerd first started it or last saw them change)."""
+        row = self._db.execute(
+            "SELECT settings FROM versions WHERE engine = ? AND source IN ('initial', 'adopt') "
+            "ORDER BY id DESC LIMIT 1",
+            (engine,),
+        ).fetchone()
+        return None if row is None else dict(json.loads(row["settings"]))
+
     def engine(self, engine: str) -> EngineRecord | None:
         row = self._db.execute("SELECT * FROM engines WHERE engine = ?", (engine,)).fetchone()
         if row is None:
@@ -396,6 +406,31 @@ class State:
             }
             for row in rows
         ]
+
+    def requested_rollbacks(self, engine: str) -> list[dict[str, Any]]:
+        """Rollbacks a person asked for (``tunerd rollback``) that no tunerd has carried out
+        yet, oldest first: ``id``, ``to_settings`` and ``reason``."""
+        rows = self._db.execute(
+            "SELECT id, to_settings, reason, evidence FROM actions WHERE engine = ? AND kind = 'rollback' "
+            "AND outcome = 'proposed' ORDER BY id",
+            (engine,),
+        ).fetchall()
+        return [
+            {"id": row["id"], "to_settings": json.loads(row["to_settings"]), "reason": row["reason"]}
+            for row in rows
+            if row["to_settings"] and json.loads(row["evidence"]).get("asked_by")
+        ]
+
+    def last_change(self, engine: str) -> dict[str, Any] | None:
+        """The last settings change that took (a tune or a rollback that succeeded)."""
+        row = self._db.execute(
+            "SELECT id FROM actions WHERE engine = ? AND kind IN ('tune', 'rollback') "
+            "AND outcome = 'succeeded' AND from_settings IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (engine,),
+        ).fetchone()
+        if row is None:
+            return None
+        return next(item for item in self.history(engine, limit=10**6) if item["id"] == row["id"])
 
     def restart_times(self, engine: str, since: float) -> list[float]:
         """When each restart of ``engine`` since ``since`` began (tunerd's and crash restarts;

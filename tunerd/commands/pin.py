@@ -1,8 +1,11 @@
-"""``tunerd pin ENGINE`` and ``tunerd resume ENGINE``: a person's word over the policies.
+"""``tunerd pin``, ``resume`` and ``rollback``: a person's word over the policies.
 
 ``pin`` freezes an engine's settings: no policy changes them until ``resume`` (crash restarts
 of the same settings still happen). ``resume`` clears a pin, a hold (after a crash loop or a
-spent restart budget) and a pause (after a person changed the engine's flags). Both write to
+spent restart budget) and a pause (after a person changed the engine's flags or rolled it
+back). ``rollback`` undoes the last change that took: the running tunerd restarts the engine
+with the settings it had before, through the same saga (drain, verify, roll back if *that*
+fails), and tuning pauses so the policies do not redo the change at once. All three write to
 the state database, which the running daemon reads every tick, and are recorded in history.
 """
 
@@ -10,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
+import os
 from collections.abc import Iterator
 
 from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands.common import EXIT_OK, Parser, UsageError
 from tunerd.commands.history import add_state_arguments, state_dir_of
+from tunerd.engine.args import settings_to_args
 from tunerd.state import State, StateError
 
 __all__ = ["register"]
@@ -39,6 +45,20 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     resume.add_argument("--reason", default="resumed by hand", help="why (shown in history)")
     add_state_arguments(resume)
     resume.set_defaults(handler=_resume, prog=resume.prog)
+
+    rollback = subparsers.add_parser(
+        "rollback",
+        help="undo an engine's last settings change (the running tunerd restarts it)",
+        description=(
+            "Ask the running tunerd to restart ENGINE with the settings it had before its last "
+            "change, through the restart saga, and pause tuning until `tunerd resume`. If tunerd "
+            "is not running, the rollback waits in the state database for the next `tunerd run`."
+        ),
+    )
+    rollback.add_argument("engine", metavar="ENGINE", help="the engine's name in the config")
+    rollback.add_argument("--reason", default="rolled back by hand", help="why (shown in history)")
+    add_state_arguments(rollback)
+    rollback.set_defaults(handler=_rollback, prog=rollback.prog)
 
 
 def _open(args: argparse.Namespace) -> State:
@@ -83,4 +103,48 @@ def _resume(args: argparse.Namespace) -> int:
     with _changing(args, "resume") as state:
         state.set_flags(args.engine, pinned=False, held=False, paused=None)
     print(f"{args.engine}: resumed; policies may tune it again")
+    return EXIT_OK
+
+
+def _who() -> str:
+    """Who asked (shown in history); a container may have no name for its user."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    state = _open(args)
+    try:
+        change = state.last_change(args.engine)
+        if change is None:
+            raise UsageError(f"{args.engine}: nothing to roll back (no settings change has taken yet)")
+        record = state.engine(args.engine)
+        if record is None or record.running is None:
+            raise UsageError(f"{args.engine}: not running under tunerd")
+        running = state.version(record.running).settings
+        target = change["from_settings"]
+        if target == running:
+            raise UsageError(f"{args.engine}: already running the settings before its last change")
+        now = SYSTEM_CLOCK.now()
+        state.record_action(
+            engine=args.engine,
+            kind="rollback",
+            mode="act",
+            outcome="proposed",
+            reason=f"{args.reason} (undoes #{change['id']})",
+            now=now,
+            from_settings=running,
+            to_settings=target,
+            evidence={"asked_by": _who(), "undoes": change["id"]},
+        )
+        state.set_flags(args.engine, paused=f"rolled back by a person: {args.reason}")
+    finally:
+        state.close()
+    print(
+        f"{args.engine}: rollback of #{change['id']} asked; the running tunerd restarts it with "
+        f"{' '.join(settings_to_args(target))}; tuning paused until "
+        f"`tunerd resume {args.engine}`"
+    )
     return EXIT_OK

@@ -169,16 +169,32 @@ class Supervisor:
         policy: str | None = None,
         evidence: Mapping[str, Any] | None = None,
         after_crash: bool = False,
+        asked: int | None = None,
+        source: str = "rollback",
     ) -> RestartResult:
         """Restart with ``settings`` through every step of the saga, if the guards allow.
         ``after_crash``: the engine is already down, so the settle period does not apply (the
-        crash is the observation the settle period waits for)."""
+        crash is the observation the settle period waits for). ``asked``: the history record of
+        a person's ``tunerd rollback`` (or of settings a person changed, ``source="adopt"``); a
+        person is not held to pins, pauses, holds, settle periods or budgets — only a restart
+        already in flight waits."""
         record = self.state.engine(self.spec.name)
         if record is None or record.running is None:
             raise ProcessError(f"engine {self.spec.name} was never started under tunerd")
         now = self.clock.now()
         old = self.state.version(record.running)
-        refusal = may_change(self.facts(), self.guards, now, settle=not after_crash)
+        facts = self.facts()
+        if asked is not None:
+            if facts.in_flight:
+                return RestartResult("skipped", asked, old.id, "a restart is already in flight")
+            version = self.state.add_version(self.spec.name, settings, source, now)
+            self.state.update_action(asked, "applied", now)
+            self.state.begin_intent(
+                self.spec.name, asked, "intent", now, from_version=old.id, to_version=version
+            )
+            self.on_step("intent")
+            return self._from_step("stopping", asked, old.id, version)
+        refusal = may_change(facts, self.guards, now, settle=not after_crash)
         if refusal is not None:
             action = self.state.record_action(
                 engine=self.spec.name,

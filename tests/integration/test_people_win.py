@@ -1,0 +1,150 @@
+"""People win (DESIGN §4.9), with a real daemon on a simulated engine (real processes on
+loopback, real SQLite): `tunerd rollback` undoes the last change through the saga, and settings
+a person wrote in the config become the new base; either way tuning pauses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tunerd.config import load_config
+from tunerd.daemon import Daemon
+from tunerd.engine.guards import may_change
+from tunerd.sources.gpu import NoGpuSource
+
+pytestmark = pytest.mark.slow
+BEFORE = {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8}
+AFTER = {**BEFORE, "max_num_seqs": 6}
+
+
+def _tunerd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tunerd", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _daemon(tmp_path: Path, port: int | None = None, settings: dict[str, object] = BEFORE) -> Daemon:
+    port = port or _port()
+    command = [
+        sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--time-scale", "50", "--sim-startup-seconds", "10",
+        "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "rtx4090",
+    ]  # fmt: skip
+    config = tmp_path / "tunerd.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engine": {
+                    "name": "main",
+                    "command": command,
+                    "url": f"http://127.0.0.1:{port}",
+                    "settings": settings,
+                    "drain": "30s",
+                    "startup_timeout": "30s",
+                    "probation": "1s",
+                },
+                "mode": "act",
+                "policies": [],
+                "guards": {"settle": "0s"},
+                "state_dir": str(tmp_path / "state"),
+            }
+        )
+    )
+    return Daemon(load_config(config), gpu=NoGpuSource(), say=lambda *a, **k: None)
+
+
+def _close(daemon: Daemon, kill: bool) -> None:
+    record = daemon.state.engine("main")
+    daemon.close()
+    if kill and record is not None and record.pid:
+        os.killpg(record.pid, signal.SIGKILL)
+
+
+def test_rollback_undoes_the_last_change_and_pauses_tuning(tmp_path: Path) -> None:
+    state_dir = str(tmp_path / "state")
+    daemon = _daemon(tmp_path)
+    try:
+        daemon.start()
+        nothing = _tunerd("rollback", "main", "--state-dir", state_dir)
+        assert nothing.returncode == 2
+        assert "nothing to roll back" in nothing.stderr
+        supervisor = daemon.engines[0].supervisor
+        tuned = supervisor.restart(AFTER, reason="kv-pool-saturated: max_num_seqs 8 → 6")
+        assert tuned.outcome == "succeeded"
+
+        asked = _tunerd("rollback", "main", "--state-dir", state_dir, "--reason", "latency doubled")
+        assert asked.returncode == 0, asked.stderr
+        assert "--max-num-seqs 8" in asked.stdout
+        assert "tuning paused" in asked.stdout
+        daemon.tick()  # the daemon finds the request and carries it out
+
+        assert supervisor.running_settings() == BEFORE
+        assert supervisor.process is not None
+        assert "--max-num-seqs 8" in " ".join(supervisor.process.identity.argv)
+        assert supervisor.healthy()
+        record = daemon.state.engine("main")
+        assert record is not None
+        assert record.running == record.last_known_good
+        assert record.paused == "rolled back by a person: latency doubled"
+        refusal = may_change(supervisor.facts(), supervisor.guards, daemon.clock.now(), settle=False)
+        assert refusal is not None
+        assert "paused" in refusal.reason
+        rollback = daemon.state.history(limit=1)[0]
+        assert (rollback["kind"], rollback["outcome"]) == ("rollback", "succeeded")
+        assert (rollback["from_settings"], rollback["to_settings"]) == (AFTER, BEFORE)
+        assert "latency doubled" in rollback["reason"]
+        assert rollback["evidence"]["undoes"] == tuned.action_id
+        daemon.tick()
+        assert daemon.state.history(limit=1)[0]["id"] == rollback["id"]  # carried out once
+    finally:
+        _close(daemon, kill=True)
+
+
+def test_settings_a_person_wrote_in_the_config_win_and_tuning_pauses(tmp_path: Path) -> None:
+    port = _port()
+    first = _daemon(tmp_path, port)
+    first.start()
+    old_pid = first.state.engine("main").pid
+    _close(first, kill=False)  # tunerd stops; the engine serves on
+
+    mine = {**BEFORE, "max_num_seqs": 4}
+    second = _daemon(tmp_path, port, settings=mine)  # a person edited tunerd.yaml
+    try:
+        second.start()
+        supervisor = second.engines[0].supervisor
+        assert supervisor.running_settings() == mine
+        assert supervisor.process is not None
+        assert supervisor.process.pid != old_pid
+        assert "--max-num-seqs 4" in " ".join(supervisor.process.identity.argv)
+        record = second.state.engine("main")
+        assert record.paused.startswith("the config was changed by a person (max_num_seqs 8→4)")
+        assert second.state.base_settings("main") == mine
+        notify, adopt = second.state.history(limit=2)
+        assert (adopt["kind"], adopt["outcome"]) == ("adopt", "succeeded")
+        assert (adopt["from_settings"], adopt["to_settings"]) == (BEFORE, mine)
+        assert notify["kind"] == "notify"
+        assert "adopted as the new base" in notify["reason"]
+        pid = supervisor.process.pid
+    finally:
+        _close(second, kill=False)
+
+    third = _daemon(tmp_path, port, settings=mine)  # the same config again: nothing to adopt
+    try:
+        third.start()
+        assert third.engines[0].supervisor.process.pid == pid
+        assert third.state.history(limit=1)[0]["kind"] == "notify"  # no new record
+    finally:
+        _close(third, kill=True)
