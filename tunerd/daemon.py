@@ -9,6 +9,9 @@ Each tick, for every engine: read the GPU (one reading for all engines) and the 
 - ``act``: the :class:`~tunerd.engine.saga.Supervisor` restarts with the new settings, under
   the guards; a crash with a plan restarts with the plan's settings, without one with the same.
 
+A person's ``tunerd rollback`` is carried out on the next tick; settings a person changed in
+the config are adopted when the daemon starts (both pause tuning).
+
 What this loop does not do yet (the daemon issue): status socket, its own /metrics, notify
 sinks, systemd mode, several engines acting in parallel (a restart blocks the loop), quiet
 periods and hooks.

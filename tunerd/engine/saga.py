@@ -20,9 +20,8 @@ in probation rolls back to the last-known-good settings. Each action is one hist
 moved from ``applied`` to its outcome; nothing is recorded twice. Time comes from the injected
 :class:`~tunerd.clock.Clock`.
 
-Not yet here (the rest of the engine-control issue): the quiet-period wait before the drain,
-the GPU-memory wait after the stop, ``pre_stop``/``post_start`` hooks, probation by traffic,
-the restart budget and crash-loop hold, people-win adoption, systemd mode.
+Not yet here: the quiet-period wait before the drain, the GPU-memory wait after the stop,
+``pre_stop``/``post_start`` hooks, probation by traffic and systemd mode.
 """
 
 from __future__ import annotations
