@@ -9,17 +9,17 @@ The story, with one tunerd and the engines it starts:
    requests wait for capacity. (Requests large against the pool make it sawtooth instead: 6 ×
    1,500 tokens in 4,096 swung between 0.71 and 1.0 and never held over 0.85; and short ones
    leave it idle between bursts on two cores, both measured here). Even this load dips under
-   0.85 now and then on two busy cores, so a hold of a few seconds fired after 30 s in one run
-   and not within 7 minutes in three others: the story waits for the first full reading;
+   0.85 now and then on two busy cores: with a 3 s hold, runs here fired after 30 s, after
+   5 minutes, or not within 7 minutes, so the story acts on the first full reading;
 3. the shipped ``kv-pool-saturated`` policy — its ``for: 10m`` cut to ``0s``, nothing else
    changed — steps ``max_num_seqs`` down to 12; the saga drains the old engine (SIGTERM
    to its API server only), starts the new one and verifies it;
 4. the new engine's argv and its own ``non-default args`` log line say ``max_num_seqs: 12``, and
    its ``vllm:cache_config_info`` shows the pool tunerd recorded;
 5. requests that were in flight when the drain began still finish with HTTP 200. (Requests
-   that *arrive* during the drain, or a moment before it, fail: vLLM keeps its port open and answers 500 "cannot
-   schedule new futures after shutdown" — measured here — which is why a ``pre_stop`` hook
-   should take the engine out of the load balancer first);
+   that *arrive* during the drain, or a moment before it, fail: vLLM keeps its port open and
+   answers 500 "cannot schedule new futures after shutdown" — measured here — which is why a
+   ``pre_stop`` hook should take the engine out of the load balancer first);
 6. tunerd is stopped with SIGTERM: the engine keeps serving; a new tunerd adopts it (same PID,
    no restart).
 """
