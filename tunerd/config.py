@@ -52,6 +52,7 @@ class EngineConfig(_Strict):
     drain: Duration = 120.0  # --shutdown-timeout and the longest drain
     startup_timeout: Duration = 900.0
     probation: Duration = 300.0
+    gpu_wait: Duration = 120.0  # after a stop, for the memory the new settings need
 
 
 class GpuConfig(_Strict):

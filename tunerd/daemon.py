@@ -34,7 +34,7 @@ from tunerd.engine.guards import GuardConfig
 from tunerd.engine.saga import EngineSpec, Supervisor
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
 from tunerd.policy.schema import Policy, load_policy_files
-from tunerd.signals import ENGINE_METRIC_SIGNALS, engine_gpus, engine_memory, gpu_signals
+from tunerd.signals import ENGINE_METRIC_SIGNALS, engine_gpus, engine_memory, gpu_room, gpu_signals
 from tunerd.sources.gpu import GpuReading, GpuSource
 from tunerd.sources.select import gpu_source
 from tunerd.sources.vllm_metrics import MetricsClient, ScrapeError, parse
@@ -102,8 +102,13 @@ class Daemon:
             guards=guards,
             client=client,
             on_step=lambda step: self.say("restart_step", engine=engine.name, step=step, at=self.clock.now()),
+            room=lambda settings: self._gpu_room(engine, settings),
         )
         return EngineLoop(engine, supervisor, client, new_states(self.policies), now)
+
+    def _gpu_room(self, engine: EngineConfig, settings: Mapping[str, Any]) -> str | None:
+        """A fresh GPU reading: why ``engine`` could not start with ``settings`` now."""
+        return gpu_room(engine_gpus(self.gpu.sample().gpus, engine.gpus), settings)
 
     def _spec(self, engine: EngineConfig) -> EngineSpec:
         return EngineSpec(
@@ -115,6 +120,7 @@ class Daemon:
             drain_seconds=engine.drain,
             startup_timeout=engine.startup_timeout,
             probation_seconds=engine.probation,
+            gpu_wait_seconds=engine.gpu_wait,
         )
 
     # -- life cycle ------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ name is documented in ``docs/signals.md``. Units are in the names (``_bytes``, `
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tunerd.sources.gpu import GpuSample
 
@@ -21,8 +22,13 @@ __all__ = [
     "EngineMemory",
     "engine_gpus",
     "engine_memory",
+    "gpu_room",
     "gpu_signals",
 ]
+
+#: vLLM's ``--gpu-memory-utilization`` when none is given.
+VLLM_DEFAULT_UTILIZATION = 0.9
+GIB = 1024**3
 
 #: Per GPU; an engine sees the GPUs it runs on and takes the worst.
 GPU_SIGNALS = (
@@ -142,3 +148,27 @@ def engine_memory(
         if worst is None or key > worst_key:
             worst, worst_key = candidate, key
     return worst or EngineMemory(None, None, None, None)
+
+
+def gpu_room(gpus: Iterable[GpuSample], settings: Mapping[str, Any]) -> str | None:
+    """Why an engine started now with ``settings`` would not find its budget free on ``gpus``;
+    None when it would, or when nothing can tell (no reading, a pool sized in bytes).
+
+    vLLM refuses to start when a GPU's free memory is below ``utilization × total`` (``Free
+    memory on device ... is less than desired GPU memory utilization``), so a restart waits
+    for the old engine's memory to come back before it spends a start on that failure.
+    """
+    if settings.get("kv_cache_memory_bytes") is not None:
+        return None  # the pool is sized in bytes; vLLM does not check the utilization share
+    utilization = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_UTILIZATION))
+    short = []
+    for gpu in gpus:
+        if gpu.status != "ok" or gpu.memory_total_bytes is None or gpu.memory_free_bytes is None:
+            continue
+        need = utilization * gpu.memory_total_bytes
+        if gpu.memory_free_bytes < need:
+            short.append(
+                f"GPU {gpu.index}: {gpu.memory_free_bytes / GIB:.2f} GiB free, "
+                f"{utilization:g} × {gpu.memory_total_bytes / GIB:.2f} GiB = {need / GIB:.2f} GiB needed"
+            )
+    return "; ".join(short) or None

@@ -131,6 +131,34 @@ def test_settings_that_cannot_start_are_rolled_back(world: tuple[EngineSpec, Sta
     assert state.intents() == []
 
 
+def test_a_start_waits_for_the_gpu_memory_its_settings_need(world: tuple[EngineSpec, State]) -> None:
+    """The GPU reading is the one fake here (no GPU): it reports the old engine's memory held
+    for two more looks, then free; the start waits for it. Memory that never frees fails the
+    start with the reason, and nothing is spawned."""
+    spec, state = world
+    looks: list[dict[str, object]] = []
+
+    def room(settings: dict[str, object]) -> str | None:
+        looks.append(settings)
+        return "GPU 0: 2.52 GiB free, 21.64 GiB needed" if len(looks) <= 2 else None
+
+    supervisor = Supervisor(spec, state, guards=NO_SETTLE, room=room)
+    assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
+    assert looks == [SEED_SETTINGS] * 3
+    pid = state.engine("main").pid
+    os.killpg(pid, signal.SIGKILL)
+    stuck = Supervisor(
+        EngineSpec(**{**spec.__dict__, "gpu_wait_seconds": 1.0}),
+        state,
+        guards=NO_SETTLE,
+        room=lambda settings: "GPU 0: a neighbour holds 20 GiB",
+    )
+    failed = stuck.start_initial(SEED_SETTINGS)
+    assert failed.outcome == "failed"
+    assert failed.reason == "GPU memory still short after 1 s: GPU 0: a neighbour holds 20 GiB"
+    assert stuck.process is None
+
+
 DRIVER = """
 import json, os, signal, sys
 from pathlib import Path

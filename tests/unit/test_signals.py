@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tunerd.signals import engine_gpus, engine_memory, gpu_signals
+from tunerd.signals import engine_gpus, engine_memory, gpu_room, gpu_signals
 from tunerd.sources.gpu import GpuProcess, GpuSample
 
 GIB = 1024**3
@@ -89,3 +89,19 @@ def test_engine_memory_budget_on_cuda_total_when_reserved_known() -> None:
     )
     memory = engine_memory([gpu], engine_pids={7}, gpu_memory_utilization=0.92)
     assert memory.engine_over_budget_bytes == 21000 * mib - math.ceil(24084 * mib * 0.92)
+
+
+def test_gpu_room_is_vllms_own_start_up_check() -> None:
+    """vLLM starts only if free memory covers utilization × total (23.52 GiB CUDA-visible on a
+    4090, as in docs/planner.md): the old engine's 21 GiB still held means wait."""
+    total = int(23.52 * GIB)
+    draining = _gpu(0, [(100, 21 * GIB)], total=total)
+    free = _gpu(0, [(300, GIB // 2)], total=total)  # a 0.5 GiB neighbour stays
+    assert gpu_room([draining], {"gpu_memory_utilization": 0.92}) == (
+        "GPU 0: 2.52 GiB free, 0.92 × 23.52 GiB = 21.64 GiB needed"
+    )
+    assert gpu_room([free], {"gpu_memory_utilization": 0.92}) is None
+    assert gpu_room([free], {"gpu_memory_utilization": 0.98}) is not None  # the neighbour's 0.5 GiB
+    assert gpu_room([draining], {}) is not None  # vLLM's default 0.9 applies
+    assert gpu_room([draining], {"kv_cache_memory_bytes": 4 * GIB}) is None  # sized in bytes: no check
+    assert gpu_room([], {"gpu_memory_utilization": 0.92}) is None  # nothing to tell

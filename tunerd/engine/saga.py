@@ -20,8 +20,10 @@ in probation rolls back to the last-known-good settings. Each action is one hist
 moved from ``applied`` to its outcome; nothing is recorded twice. Time comes from the injected
 :class:`~tunerd.clock.Clock`.
 
-Not yet here: the quiet-period wait before the drain, the GPU-memory wait after the stop,
-``pre_stop``/``post_start`` hooks, probation by traffic and systemd mode.
+Before each spawn the supervisor waits (``gpu_wait_seconds``) until the engine's GPUs have the
+free memory the new settings need, as vLLM checks at start-up; still short, the start fails
+like any other (and a restart rolls back). Not yet here: the quiet-period wait before the
+drain, ``pre_stop``/``post_start`` hooks, probation by traffic and systemd mode.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class EngineSpec:
     drain_seconds: float = 120.0  # --shutdown-timeout: vLLM's own drain of in-flight requests
     startup_timeout: float = 900.0  # until a start time has been measured for the settings
     probation_seconds: float = 300.0
+    gpu_wait_seconds: float = 120.0  # after a stop: for the GPU memory the new settings need
 
     def argv(self, settings: Mapping[str, Any]) -> list[str]:
         return engine_argv(self.command, settings, self.drain_seconds)
@@ -107,6 +110,7 @@ class Supervisor:
         on_step: Callable[[str], None] | None = None,
         guards: GuardConfig | None = None,
         client: MetricsClient | None = None,
+        room: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> None:
         self.guards = guards or GuardConfig()
         self._owns_client = client is None
@@ -115,6 +119,7 @@ class Supervisor:
         self.state = state
         self.clock = clock
         self.on_step = on_step or (lambda step: None)
+        self.room = room or (lambda settings: None)  # why the GPU lacks memory for settings
         self.process: EngineProcess | None = None
         self._crash: dict[str, Any] | None = None  # the dead process's diagnosis, once
         self.next_restart_at: float | None = None  # a held engine's backoff, on the clock's now()
@@ -287,7 +292,9 @@ class Supervisor:
     def _launch(self, version: int) -> float:
         """Spawn the engine with ``version``'s settings; record its identity; return the
         monotonic time it was started at."""
-        argv = self.spec.argv(self.state.version(version).settings)
+        settings = self.state.version(version).settings
+        self._wait_for_room(settings)
+        argv = self.spec.argv(settings)
         started = self.clock.monotonic()
         try:
             process = EngineProcess.spawn(argv, self.spec.log_path, env=self.spec.env, clock=self.clock)
@@ -296,6 +303,15 @@ class Supervisor:
         self.on_step("spawned")
         self._record(process, version)
         return started
+
+    def _wait_for_room(self, settings: Mapping[str, Any]) -> None:
+        """Wait until the GPU has the memory ``settings`` need (the old engine's processes may
+        still be releasing theirs, a neighbour may hold it); vLLM would refuse to start."""
+        deadline = self.clock.monotonic() + self.spec.gpu_wait_seconds
+        while (short := self.room(settings)) is not None:
+            if self.clock.monotonic() >= deadline:
+                raise _StartFailed(f"GPU memory still short after {self.spec.gpu_wait_seconds:g} s: {short}")
+            self.clock.sleep(1.0)
 
     def _record(self, process: EngineProcess, version: int) -> None:
         self.process = process
