@@ -193,7 +193,7 @@ def test_oom_prone_config_is_tuned_down_until_stable(tmp_path: Path) -> None:
     assert record.running == record.last_known_good
 
 
-def test_a_growing_neighbour_is_alerted_not_tuned(tmp_path: Path) -> None:
+def test_a_growing_neighbour_is_alerted_not_tuned_and_the_crash_loop_held(tmp_path: Path) -> None:
     """The seed's config at 0.90 while a notebook on the same GPU grows by 1 GiB a minute: the
     engine dies of a CUDA OOM that is not its own fault; tunerd alerts and tunes nothing. (The
     simulated notebook starts over with each engine start, so the next crash comes soon and,
@@ -235,6 +235,18 @@ def test_a_growing_neighbour_is_alerted_not_tuned(tmp_path: Path) -> None:
     assert first["reason"].startswith("critical")
     assert "restarted after cuda_oom" in first["reason"]  # same settings: the engine was not at fault
     assert [h for h in history if h["kind"] == "tune"] == []  # nothing tuned, ever
+    # the crash loop (DESIGN §4.9): the second OOM with the same settings holds the engine and
+    # pages a person; last-known-good restarts with backoff (30 s, doubling), not in a storm
+    holds = [h for h in history if h["kind"] == "hold"]
+    assert len(holds) == 1, history
+    assert holds[0]["reason"].startswith("crash loop after cuda_oom")
+    assert any("held (crash loop" in h["reason"] for h in alerts)
+    restarts_after_hold = [
+        h
+        for h in history
+        if h["kind"] == "restart" and h["id"] > holds[0]["id"] and h["outcome"] != "skipped"
+    ]
+    assert len(restarts_after_hold) <= 1, restarts_after_hold
     record = state.engine("main")
     assert record is not None
     assert state.version(record.running).settings == seed
