@@ -295,8 +295,9 @@ class Daemon:
             )
             self.say("engine_held", engine=name, policies=list(plan.policies))
         done = self._act(loop, plan, crash, now)
-        if plan is not None and plan.notify:
-            self._notify(plan, now, done)
+        failed = done.startswith(("restart rolled_back", "restart failed"))
+        if plan is not None and (plan.notify or failed):
+            self._notify(plan, now, done)  # a change that did not take always pages a person
 
     def _rollback_asked(self, loop: EngineLoop) -> bool:
         """Carry out the newest ``tunerd rollback`` for this engine (older ones are superseded)."""
@@ -359,7 +360,7 @@ class Daemon:
     def _notify(self, plan: ActionPlan, now: float, done: str) -> None:
         """Record the alert a plan asks for. Chat sinks come with the daemon issue; until then
         the alert is in history and on stderr, marked as not delivered."""
-        severities = sorted({severity for _, severity, _ in plan.notify})
+        severities = sorted({severity for _, severity, _ in plan.notify}) or ["critical"]
         self.state.record_action(
             engine=plan.engine,
             kind="notify",
@@ -368,7 +369,7 @@ class Daemon:
             reason=f"{'/'.join(severities)}: {'; '.join(plan.reasons) or ', '.join(plan.policies)}; "
             f"what tunerd did: {done}; not delivered: no notify sinks yet",
             now=now,
-            policy=",".join(policy for policy, _, _ in plan.notify),
+            policy=",".join(policy for policy, _, _ in plan.notify) or ",".join(plan.policies),
             evidence={"signals": dict(plan.evidence)},
         )
         self.say("alert", engine=plan.engine, severity=severities, policies=[p for p, _, _ in plan.notify])

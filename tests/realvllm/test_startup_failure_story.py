@@ -98,6 +98,11 @@ def test_the_change_is_rolled_back_with_vllms_reason(story: Story) -> None:
     assert tunes[0]["outcome"] == "rolled_back"
     assert "estimated maximum model length is 1920" in tunes[0]["reason"]
     assert tunes[0]["to_settings"] == {**SETTINGS, "max_model_len": 2048}
+    # the policy asks for no alert; a change that did not take pages a person anyway
+    alerts = [h for h in history(story.state_dir) if h["kind"] == "notify"]
+    assert len(alerts) == 1, alerts
+    assert alerts[0]["reason"].startswith("critical: grow-context")
+    assert "restart rolled_back" in alerts[0]["reason"]
     failed_log = story.state_dir / "engines" / f"{ENGINE}.log.1"
     assert "estimated maximum model length is 1920" in failed_log.read_text(errors="replace")
 
