@@ -109,6 +109,11 @@ def test_rollback_undoes_the_last_change_and_pauses_tuning(tmp_path: Path) -> No
         assert rollback["evidence"]["undoes"] == tuned.action_id
         daemon.tick()
         assert daemon.state.history(limit=1)[0]["id"] == rollback["id"]  # carried out once
+        shown = _tunerd("history", "--state-dir", state_dir).stdout
+        assert (
+            f"main rollback (act) succeeded — max_num_seqs 6→8\n    by hand: latency doubled (undoes #{tuned.action_id})"
+            in shown
+        )
     finally:
         _close(daemon, kill=True)
 

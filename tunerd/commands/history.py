@@ -76,8 +76,10 @@ def _text(actions: list[dict[str, Any]]) -> str:
             f"#{action['id']} {action['time']} {action['engine']} {action['kind']} ({action['mode']}) "
             f"{action['outcome']}{' — ' + diff if diff else ''}"
         )
-        who = action["policy"] or ("by hand" if action["kind"] in ("pin", "resume") else "tunerd")
-        lines.append(f"    {who}: {action['reason']}")
+        asked = action["kind"] in ("pin", "resume") or action["evidence"].get("asked_by")
+        who = action["policy"] or ("by hand" if asked else "tunerd")
+        reason = str(action["reason"]).removeprefix(f"{who}: ")  # a policy's reasons name it already
+        lines.append(f"    {who}: {reason}")
     return "\n".join(lines) + "\n"
 
 
