@@ -134,7 +134,21 @@ class Daemon:
                 result = loop.supervisor.start_initial(loop.config.settings)
                 done = f"first start: {result.outcome} ({result.reason})"
             self.say("engine_reconciled", engine=loop.config.name, outcome=done)
-            self._people_win(loop)
+            if loop.supervisor.adopted_by_hand is not None:
+                self._alert_adopted(loop, loop.supervisor.adopted_by_hand)  # the engine is their word
+            else:
+                self._people_win(loop)
+
+    def _alert_adopted(self, loop: EngineLoop, why: str) -> None:
+        self.say("engine_adopted", engine=loop.config.name, reason=why)
+        self.state.record_action(
+            engine=loop.config.name,
+            kind="notify",
+            mode="act",
+            outcome="skipped",
+            reason=f"warning: {why}; tuning paused; not delivered: no notify sinks yet",
+            now=self.clock.now(),
+        )
 
     def _people_win(self, loop: EngineLoop) -> None:
         """A person changed the engine's settings or command in the config since tunerd last
@@ -172,18 +186,8 @@ class Daemon:
             evidence={"asked_by": f"config {self.config.source_file}"},
         )
         self.state.set_flags(name, paused=f"{why}; tuning paused until `tunerd resume {name}`")
-        result = supervisor.restart(wanted, reason=why, asked=action, source="adopt")
-        self.say("engine_adopted", engine=name, outcome=result.outcome, changed=changed)
-        self.state.record_action(
-            engine=name,
-            kind="notify",
-            mode="act",
-            outcome="skipped",
-            reason=f"warning: {why}; restart {result.outcome}; tuning paused; "
-            "not delivered: no notify sinks yet",
-            now=self.clock.now(),
-            evidence={"changed": changed},
-        )
+        result = supervisor.restart(wanted, reason=why, asked=action, source="initial")
+        self._alert_adopted(loop, f"{why}; restart {result.outcome}")
 
     def run(self, stop: threading.Event | None = None, ticks: int | None = None) -> None:
         """Tick every metrics interval until ``stop``; a dead engine cuts the wait short, so a

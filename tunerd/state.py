@@ -237,11 +237,10 @@ class State:
         )
 
     def base_settings(self, engine: str) -> dict[str, Any] | None:
-        """What a person last set: the settings of the engine's newest ``initial`` or ``adopt``
-        version (the config's, when tunerd first started it or last saw them change)."""
+        """What the config last said: the settings of the engine's newest ``initial`` version
+        (written when tunerd first started it, and again each time a person changed them)."""
         row = self._db.execute(
-            "SELECT settings FROM versions WHERE engine = ? AND source IN ('initial', 'adopt') "
-            "ORDER BY id DESC LIMIT 1",
+            "SELECT settings FROM versions WHERE engine = ? AND source = 'initial' ORDER BY id DESC LIMIT 1",
             (engine,),
         ).fetchone()
         return None if row is None else dict(json.loads(row["settings"]))

@@ -1,6 +1,7 @@
 """People win (DESIGN §4.9), with a real daemon on a simulated engine (real processes on
-loopback, real SQLite): `tunerd rollback` undoes the last change through the saga, and settings
-a person wrote in the config become the new base; either way tuning pauses."""
+loopback, real SQLite): `tunerd rollback` undoes the last change through the saga; settings a
+person wrote in the config, or an engine they started by hand, become the new base; every time
+tuning pauses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import yaml
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 from tunerd.engine.guards import may_change
+from tunerd.engine.process import find_listener
 from tunerd.sources.gpu import NoGpuSource
 
 pytestmark = pytest.mark.slow
@@ -153,3 +156,55 @@ def test_settings_a_person_wrote_in_the_config_win_and_tuning_pauses(tmp_path: P
         assert third.state.history(limit=1)[0]["kind"] == "notify"  # no new record
     finally:
         _close(third, kill=True)
+
+
+def test_an_engine_a_person_started_by_hand_is_adopted_not_replaced(tmp_path: Path) -> None:
+    """tunerd is down, its engine gone; a person starts one by hand on the same port with other
+    flags. The next tunerd finds it by its listening socket and adopts it: their flags are the
+    new base, tuning pauses, an alert says so — and nothing is restarted."""
+    port = _port()
+    first = _daemon(tmp_path, port)
+    first.start()
+    _close(first, kill=True)
+
+    theirs = {**BEFORE, "max_num_seqs": 4}
+    argv = [
+        sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--time-scale", "50", "--sim-startup-seconds", "10", "--sim-model", "llama-3.1-8b",
+        "--sim-weights", "awq", "--sim-gpu", "rtx4090", "--gpu-memory-utilization", "0.92",
+        "--max-model-len", "32768", "--max-num-seqs", "4",
+    ]  # fmt: skip
+    by_hand = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    second = _daemon(tmp_path, port)  # the config is unchanged
+    try:
+        deadline = time.monotonic() + 30
+        while find_listener(port) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        second.start()
+        supervisor = second.engines[0].supervisor
+        assert supervisor.process is not None
+        assert supervisor.process.pid == by_hand.pid
+        assert supervisor.running_settings() == theirs
+        record = second.state.engine("main")
+        assert record.running == record.last_known_good
+        assert record.paused.startswith(
+            f"the engine was started outside tunerd (pid {by_hand.pid}; max_num_seqs 8→4)"
+        )
+        assert second.state.base_settings("main") == BEFORE  # the config's word is unchanged
+        notify, adopt = second.state.history(limit=2)
+        assert (adopt["kind"], adopt["outcome"]) == ("adopt", "succeeded")
+        assert adopt["evidence"]["asked_by"] == "by hand"
+        assert notify["kind"] == "notify"
+        assert "adopted as the new base" in notify["reason"]
+        assert [h["kind"] for h in second.state.history(limit=10)].count(
+            "restart"
+        ) == 1  # the first start only
+    finally:
+        _close(second, kill=False)
+        os.killpg(by_hand.pid, signal.SIGKILL)
+        by_hand.wait()

@@ -40,6 +40,7 @@ __all__ = [
     "StopResult",
     "engine_environment",
     "find_by_argv",
+    "find_listener",
     "group_members",
     "read_identity",
     "rotate",
@@ -95,6 +96,38 @@ def find_by_argv(argv: Sequence[str]) -> Identity | None:
             fields = _stat_fields(int(entry.name))
             if identity and fields and identity.argv == wanted and int(fields[2]) == identity.pid:
                 return identity
+    return None
+
+
+def find_listener(port: int) -> Identity | None:
+    """The live process listening on TCP ``port`` (any address, IPv4 or IPv6), or None: the
+    engine a person started by hand where tunerd's used to be. Read from ``/proc/net/tcp{,6}``
+    (state ``0A`` is LISTEN) and the sockets in ``/proc/PID/fd``."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list(os.scandir(f"/proc/{entry.name}/fd"))
+        except OSError:
+            continue  # gone, or not ours to read
+        links = set()
+        for fd in fds:
+            with contextlib.suppress(OSError):  # closed while we looked
+                links.add(os.readlink(fd.path))
+        if inodes & links:
+            return read_identity(int(entry.name))
     return None
 
 

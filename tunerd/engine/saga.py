@@ -33,9 +33,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
-from tunerd.engine.args import engine_argv
+from tunerd.engine.args import engine_argv, settings_from_argv
 from tunerd.engine.guards import (
     EngineFacts,
     GuardConfig,
@@ -44,7 +45,7 @@ from tunerd.engine.guards import (
     is_crash_loop,
     may_change,
 )
-from tunerd.engine.process import EngineProcess, Identity, ProcessError, find_by_argv
+from tunerd.engine.process import EngineProcess, Identity, ProcessError, find_by_argv, find_listener
 from tunerd.sources.engine_log import LogDiagnoser, LogDiagnosis
 from tunerd.sources.vllm_metrics import MetricsClient
 from tunerd.state import State
@@ -124,6 +125,7 @@ class Supervisor:
         self._crash: dict[str, Any] | None = None  # the dead process's diagnosis, once
         self.next_restart_at: float | None = None  # a held engine's backoff, on the clock's now()
         self._held_attempts = 0
+        self.adopted_by_hand: str | None = None  # why, when reconcile found a person's engine
 
     # -- queries ---------------------------------------------------------------------------
     def running_settings(self) -> dict[str, Any] | None:
@@ -531,12 +533,61 @@ class Supervisor:
         self.process = self._adopt_recorded()
         if self.process is not None:
             return f"adopted pid {self.process.pid}"
+        by_hand = self._adopt_by_hand()
+        if by_hand is not None:
+            return by_hand
         try:
             self._launch(record.running)
             self._verify(record.running)
         except _StartFailed as failure:
             return f"engine was down; restarting it failed: {failure}"
         return "engine was down; restarted with its recorded settings"
+
+    def _adopt_by_hand(self) -> str | None:
+        """tunerd's engine is gone and another process listens on its port: a person started
+        one by hand. Its flags become the new base (a ``source: adopt`` version, last-known-good:
+        it serves), tuning pauses, and :attr:`adopted_by_hand` says why for the alert."""
+        record = self.state.engine(self.spec.name)
+        port = urlsplit(self.spec.url).port
+        if record is None or record.running is None or port is None:
+            return None
+        identity = find_listener(port)
+        if identity is None or identity.argv == tuple(record.argv or ()):
+            return None
+        process = EngineProcess.adopt(identity, self.spec.log_path, self.clock)
+        if process is None:
+            return None
+        now = self.clock.now()
+        before = self.state.version(record.running).settings
+        theirs = settings_from_argv(identity.argv)
+        changed = ", ".join(
+            f"{knob} {before.get(knob)}→{theirs.get(knob)}"
+            for knob in sorted(set(before) | set(theirs))
+            if before.get(knob) != theirs.get(knob)
+        )
+        why = (
+            f"the engine was started outside tunerd (pid {identity.pid}; "
+            f"{changed or 'same settings, another command'}): adopted as the new base"
+        )
+        version = self.state.add_version(self.spec.name, theirs, "adopt", now)
+        self.state.record_action(
+            engine=self.spec.name,
+            kind="adopt",
+            mode="act",
+            outcome="succeeded",
+            reason=why,
+            now=now,
+            from_settings=before,
+            to_settings=theirs,
+            evidence={"asked_by": "by hand", "argv": list(identity.argv)},
+        )
+        self._record(process, version)
+        self.state.promote(self.spec.name, version)
+        self.state.set_flags(
+            self.spec.name, paused=f"{why}; tuning paused until `tunerd resume {self.spec.name}`"
+        )
+        self.adopted_by_hand = why
+        return f"adopted pid {identity.pid}, started by a person"
 
     def _resume(self, step: str, action: int, old: int, new: int) -> str:
         if step == "intent":
