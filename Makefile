@@ -39,11 +39,11 @@ demo: $(STAMP)
 		--concurrency 4 --context 32768
 
 test: $(STAMP) $(VLLM_STAMP) lint
-	TUNERD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest
+	TUNERD_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest
 
 # Only the tests that start a real vLLM (each module starts one engine, ~30 s).
 test-vllm: $(STAMP) $(VLLM_STAMP)
-	TUNERD_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m realvllm
+	TUNERD_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -m realvllm
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
