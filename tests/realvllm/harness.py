@@ -198,14 +198,14 @@ class Request:
     started: float  # time.time()
     ended: float
     status: int | None  # None: no HTTP answer (refused while the engine was down)
-    error: str = ""
+    detail: str = ""  # the answer's first 200 characters, or the client's error
 
 
 class Load:
     """``workers`` clients, each sending one completion after another: a prompt of about
     ``words`` distinct random words (no shared prefix, so the pool really fills) and about
-    ``max_tokens`` of output. A refused connection (the engine restarting) is retried after a short pause, as real
-    clients do; every attempt is recorded."""
+    ``max_tokens`` of output. A refused connection (the engine restarting) is retried after a
+    short pause, as real clients do; every attempt is recorded."""
 
     def __init__(self, url: str, *, workers: int, words: int, max_tokens: int, seed: int = 0) -> None:
         self.url = url

@@ -157,14 +157,14 @@ def test_in_flight_requests_survive_the_drain(story: Story) -> None:
     in_flight = [r for r in story.requests if r.started < stopping - 1 < stopping < r.ended]
     assert in_flight, "no request was in flight when the drain began"
     assert all(r.status == 200 for r in in_flight), [
-        (round(r.started - stopping, 2), round(r.ended - stopping, 2), r.status, r.error[-90:])
+        (round(r.started - stopping, 2), round(r.ended - stopping, 2), r.status, r.detail[-90:])
         for r in in_flight
     ]
     before = [r for r in story.requests if r.started < stopping - 1]
     assert {r.status for r in before} == {200}, [r for r in before if r.status != 200]
     # what arrives during the drain is vLLM's to refuse (see the module docstring)
     late = [r for r in story.requests if r.started >= stopping - 1 and r.status not in (200, None)]
-    assert all(r.status == 500 and any(text in r.error for text in DRAIN_REFUSALS) for r in late), late
+    assert all(r.status == 500 and any(text in r.detail for text in DRAIN_REFUSALS) for r in late), late
     served_after = [r for r in story.requests if r.started > stopping and r.status == 200]
     assert served_after, "the new engine served nothing"
 
