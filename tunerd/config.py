@@ -23,6 +23,7 @@ from tunerd.yamlfile import Problem, YamlError, load_yaml, located
 __all__ = ["DEFAULT_CONFIG", "Config", "ConfigError", "EngineConfig", "load_config"]
 
 DEFAULT_CONFIG = "/etc/tunerd/tunerd.yaml"
+HOOKS = ("pre_stop", "post_start")
 
 
 class ConfigError(Exception):
@@ -52,6 +53,7 @@ class EngineConfig(_Strict):
     drain: Duration = 120.0  # --shutdown-timeout and the longest drain
     startup_timeout: Duration = 900.0
     probation: Duration = 300.0
+    hook_timeout: Duration = 60.0  # each pre_stop / post_start run
     gpu_wait: Duration = 120.0  # after a stop, for the memory the new settings need
 
 
@@ -152,6 +154,15 @@ def _engine_problems(raw: dict[str, Any], path: tuple[str | int, ...]) -> list[P
                 for position, item in enumerate(value):
                     if why := validate_value(knob, item):
                         problems.append(Problem((*path, section, knob, position), why))
+    hooks = raw.get("hooks")
+    if isinstance(hooks, dict):
+        for hook, argv in hooks.items():
+            if hook not in HOOKS:
+                problems.append(Problem((*path, "hooks", hook), f"not a hook (hooks: {', '.join(HOOKS)})"))
+            elif isinstance(argv, str):
+                problems.append(Problem((*path, "hooks", hook), "an argv list, never a shell string"))
+            elif isinstance(argv, list) and not argv:
+                problems.append(Problem((*path, "hooks", hook), "an empty command"))
     if raw.get("control") == "systemd" and not raw.get("unit"):
         problems.append(Problem((*path, "unit"), "systemd control needs the engine's unit"))
     return problems

@@ -14,7 +14,7 @@ the config are adopted when the daemon starts (both pause tuning).
 
 What this loop does not do yet (the daemon issue): status socket, its own /metrics, notify
 sinks, systemd mode, several engines acting in parallel (a restart blocks the loop), quiet
-periods and hooks.
+periods.
 """
 
 from __future__ import annotations
@@ -121,6 +121,8 @@ class Daemon:
             startup_timeout=engine.startup_timeout,
             probation_seconds=engine.probation,
             gpu_wait_seconds=engine.gpu_wait,
+            hooks={hook: tuple(argv) for hook, argv in engine.hooks.items()},
+            hook_timeout_seconds=engine.hook_timeout,
         )
 
     # -- life cycle ------------------------------------------------------------------------------

@@ -383,6 +383,11 @@ class State:
                     (outcome, " ".join(reason.split()), now, action_id),
                 )
 
+    def note_action(self, action_id: int, note: str) -> None:
+        """Append ``note`` to an action's reason (its outcome is left as it is)."""
+        with self.transaction() as db:
+            db.execute("UPDATE actions SET reason = reason || '; ' || ? WHERE id = ?", (note, action_id))
+
     def history(self, engine: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """DESIGN §4.8's history records, newest first."""
         query = (

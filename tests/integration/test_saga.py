@@ -159,6 +159,65 @@ def test_a_start_waits_for_the_gpu_memory_its_settings_need(world: tuple[EngineS
     assert stuck.process is None
 
 
+HOOK = """
+import os, sys, urllib.request
+try:
+    health = urllib.request.urlopen(os.environ["TUNERD_ENGINE_URL"] + "/health", timeout=5).status
+except OSError:
+    health = "down"
+with open(sys.argv[1], "a") as out:
+    out.write(f"{os.environ['TUNERD_HOOK']} {os.environ['TUNERD_ENGINE']} {health}\\n")
+print("hook ran")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def _with_hooks(spec: EngineSpec, record: Path, pre_stop_exit: int = 0) -> EngineSpec:
+    hooks = {
+        "pre_stop": (sys.executable, "-c", HOOK, str(record), str(pre_stop_exit)),
+        "post_start": (sys.executable, "-c", HOOK, str(record), "0"),
+    }
+    return EngineSpec(**{**spec.__dict__, "hooks": hooks})
+
+
+def test_hooks_run_in_order_around_a_restart(world: tuple[EngineSpec, State], tmp_path: Path) -> None:
+    """post_start once the engine is verified, pre_stop while the old one still serves."""
+    spec, state = world
+    record = tmp_path / "hooks.txt"
+    supervisor = Supervisor(_with_hooks(spec, record), state, guards=NO_SETTLE)
+    assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
+    result = supervisor.restart({**SEED_SETTINGS, "max_num_seqs": 4}, reason="test")
+    assert result.outcome == "succeeded", result.reason
+    assert record.read_text().splitlines() == [
+        "post_start main 200",
+        "pre_stop main 200",
+        "post_start main 200",
+    ]
+    log = (spec.log_path.parent / "main.hooks.log").read_text()
+    assert log.count("pre_stop: exit 0 in") == 1
+    assert log.splitlines().count("hook ran") == 3  # the hooks' own output is kept
+
+
+def test_a_failing_pre_stop_aborts_the_restart(world: tuple[EngineSpec, State], tmp_path: Path) -> None:
+    """The load balancer refused to take the engine out: nothing is stopped, the restart fails
+    with the hook's own words, and the old engine serves on."""
+    spec, state = world
+    supervisor = Supervisor(
+        _with_hooks(spec, tmp_path / "hooks.txt", pre_stop_exit=3), state, guards=NO_SETTLE
+    )
+    assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
+    before = state.engine("main")
+    result = supervisor.restart({**SEED_SETTINGS, "max_num_seqs": 4}, reason="test")
+    assert result.outcome == "failed"
+    assert result.reason.startswith("pre_stop hook failed (exit 3 in ")
+    assert result.reason.endswith(": hook ran): the old engine still serves")
+    after = state.engine("main")
+    assert (after.pid, after.running) == (before.pid, before.running)
+    assert _serving_settings(spec, state) == SEED_SETTINGS
+    assert state.intents() == []
+    assert state.history()[0]["outcome"] == "failed"
+
+
 DRIVER = """
 import json, os, signal, sys
 from pathlib import Path

@@ -101,3 +101,25 @@ def test_systemd_control_needs_a_unit_and_engines_are_required() -> None:
     )
     assert any("engines" in p for p in _problems("mode: act\n"))
     assert any("not both" in p for p in _problems("engine: {name: a, command: [x]}\nengines: []\n"))
+
+
+def test_hooks_are_argv_lists_with_known_names() -> None:
+    problems = _problems(
+        "engine:\n"
+        "  name: a\n"
+        "  command: [vllm, serve, m]\n"
+        "  hooks:\n"
+        "    pre_stop: /usr/local/bin/lb-drain a\n"  # line 5
+        "    post_stop: [/usr/local/bin/lb-add, a]\n"  # line 6
+        "    post_start: []\n"  # line 7
+    )
+    text = "\n".join(problems)
+    assert "c.yaml:5: engines[0].hooks.pre_stop: an argv list, never a shell string" in text
+    assert "c.yaml:6: engines[0].hooks.post_stop: not a hook (hooks: pre_stop, post_start)" in text
+    assert "c.yaml:7: engines[0].hooks.post_start: an empty command" in text
+    good = load_config(
+        "c.yaml",
+        "engine: {name: a, command: [x], hooks: {pre_stop: [lb-drain, a]}, hook_timeout: 30s}\n",
+    )
+    assert good.engines[0].hooks == {"pre_stop": ["lb-drain", "a"]}
+    assert good.engines[0].hook_timeout == 30.0

@@ -28,6 +28,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
@@ -35,6 +36,7 @@ from tunerd.clock import SYSTEM_CLOCK, Clock
 __all__ = [
     "SECRET_ENV_PREFIXES",
     "EngineProcess",
+    "HookResult",
     "Identity",
     "ProcessError",
     "StopResult",
@@ -44,6 +46,7 @@ __all__ = [
     "group_members",
     "read_identity",
     "rotate",
+    "run_hook",
 ]
 
 #: Environment variables tunerd keeps to itself (webhook secrets and tokens live under these).
@@ -150,6 +153,61 @@ def engine_environment(
     env = {key: value for key, value in base.items() if not key.startswith(tuple(secret_prefixes))}
     env.update(extra)
     return env
+
+
+@dataclass(frozen=True)
+class HookResult:
+    """One run of a ``pre_stop``/``post_start`` hook."""
+
+    ok: bool
+    summary: str  # e.g. "exit 0 in 0.1 s", "exit 3 in 0.2 s: out of rotation failed", "timed out after 60 s"
+
+
+def run_hook(
+    hook: str,
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    log_path: str | os.PathLike[str],
+    env: Mapping[str, str],
+    clock: Clock = SYSTEM_CLOCK,
+) -> HookResult:
+    """Run one hook (an argv list from the config, never a shell) with tunerd's environment
+    minus its secrets plus ``env``; its output and outcome are appended to ``log_path``."""
+    path = Path(log_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    started = clock.monotonic()
+    try:
+        done = subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            env=engine_environment(os.environ, env),
+            check=False,
+        )
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout or ""
+        output = output.decode(errors="replace") if isinstance(output, bytes) else output
+        result = HookResult(False, f"timed out after {timeout:g} s")
+    except OSError as error:
+        output = ""
+        result = HookResult(False, f"could not run {argv[0]}: {error.strerror or error}")
+    else:
+        output = (done.stdout or "") + (done.stderr or "")
+        seconds = clock.monotonic() - started
+        last = output.strip().splitlines()[-1] if output.strip() else ""
+        summary = f"exit {done.returncode} in {seconds:.1f} s"
+        if done.returncode:
+            summary += f": {last[:200]}"
+        result = HookResult(done.returncode == 0, summary)
+    with path.open("a", encoding="utf-8") as log:
+        stamp = datetime.fromtimestamp(clock.now(), tz=UTC).isoformat(timespec="seconds")
+        log.write(f"{stamp} {hook}: {' '.join(argv)}\n{output}")
+        log.write(f"{stamp} {hook}: {result.summary}\n")
+    return result
 
 
 def rotate(path: Path, keep: int) -> None:

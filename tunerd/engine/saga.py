@@ -22,8 +22,10 @@ moved from ``applied`` to its outcome; nothing is recorded twice. Time comes fro
 
 Before each spawn the supervisor waits (``gpu_wait_seconds``) until the engine's GPUs have the
 free memory the new settings need, as vLLM checks at start-up; still short, the start fails
-like any other (and a restart rolls back). Not yet here: the quiet-period wait before the
-drain, ``pre_stop``/``post_start`` hooks, probation by traffic and systemd mode.
+like any other (and a restart rolls back). The engine's ``pre_stop`` hook runs before the
+stop — a failure aborts the restart with the old engine still serving — and ``post_start``
+after each verified start (a failure is written on the action). Not yet here: the
+quiet-period wait before the drain, probation by traffic and systemd mode.
 """
 
 from __future__ import annotations
@@ -45,7 +47,14 @@ from tunerd.engine.guards import (
     is_crash_loop,
     may_change,
 )
-from tunerd.engine.process import EngineProcess, Identity, ProcessError, find_by_argv, find_listener
+from tunerd.engine.process import (
+    EngineProcess,
+    Identity,
+    ProcessError,
+    find_by_argv,
+    find_listener,
+    run_hook,
+)
 from tunerd.sources.engine_log import LogDiagnoser, LogDiagnosis
 from tunerd.sources.vllm_metrics import MetricsClient
 from tunerd.state import State
@@ -69,6 +78,8 @@ class EngineSpec:
     startup_timeout: float = 900.0  # until a start time has been measured for the settings
     probation_seconds: float = 300.0
     gpu_wait_seconds: float = 120.0  # after a stop: for the GPU memory the new settings need
+    hooks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # pre_stop / post_start argv
+    hook_timeout_seconds: float = 60.0
 
     def argv(self, settings: Mapping[str, Any]) -> list[str]:
         return engine_argv(self.command, settings, self.drain_seconds)
@@ -158,6 +169,7 @@ class Supervisor:
         try:
             started = self._launch(version)
             self._verify(version)
+            self._post_start(action)
         except _StartFailed as failure:
             self.state.mark_failed(version, self.clock.now())
             self.state.update_action(action, "failed", self.clock.now(), f"first start failed: {failure}")
@@ -244,6 +256,8 @@ class Supervisor:
         steps = STEPS[STEPS.index(step) :]
         try:
             if "stopping" in steps:
+                if (refused := self._hook("pre_stop")) is not None:
+                    return self._abort(action, f"pre_stop hook failed ({refused})")
                 self._step("stopping")
                 self._stop()
             if "starting" in steps:
@@ -254,6 +268,7 @@ class Supervisor:
             if "verifying" in steps:
                 self._step("verifying")
                 self._verify(new)
+                self._post_start(action)
             startup = self.clock.monotonic() - started
             self._step("probation")
             self._probation()
@@ -264,6 +279,40 @@ class Supervisor:
         self.state.clear_intent(self.spec.name)
         return RestartResult("succeeded", action, new, "passed start-up and probation")
 
+    def _hook(self, hook: str) -> str | None:
+        """Run the engine's ``hook`` if it has one; None if it passed (or there is none), else
+        what went wrong. Its output goes to ``NAME.hooks.log`` beside the engine's log."""
+        argv = self.spec.hooks.get(hook)
+        if not argv:
+            return None
+        result = run_hook(
+            hook,
+            argv,
+            timeout=self.spec.hook_timeout_seconds,
+            log_path=self.spec.log_path.with_name(f"{self.spec.name}.hooks.log"),
+            env={"TUNERD_ENGINE": self.spec.name, "TUNERD_ENGINE_URL": self.spec.url, "TUNERD_HOOK": hook},
+            clock=self.clock,
+        )
+        self.on_step(f"{hook} {result.summary}")
+        return None if result.ok else result.summary
+
+    def _post_start(self, action: int | None) -> None:
+        """The engine serves again: put it back (e.g. into the load balancer). A failure does
+        not undo a healthy engine; it is written on the action, whose outcome pages a person."""
+        failed = self._hook("post_start")
+        if failed is not None and action is not None:
+            self.state.note_action(action, f"post_start hook failed ({failed}); it may be out of rotation")
+
+    def _abort(self, action: int, why: str) -> RestartResult:
+        """Nothing was stopped: record the failure, end the intent; the old engine serves on
+        (or, after a crash, stays down for the next check)."""
+        alive = self.process is not None and self.process.alive()
+        why += ": the old engine still serves" if alive else ": the engine stays down"
+        self.state.update_action(action, "failed", self.clock.now(), why)
+        self.state.clear_intent(self.spec.name)
+        record = self.state.engine(self.spec.name)
+        return RestartResult("failed", action, record.running if record else None, why)
+
     def _roll_back(self, action: int, old: int, new: int, why: str) -> RestartResult:
         now = self.clock.now()
         self.state.mark_failed(new, now)
@@ -273,6 +322,7 @@ class Supervisor:
         try:
             self._launch(good)
             self._verify(good)
+            self._post_start(action)
         except _StartFailed as failure:
             self.state.update_action(
                 action, "failed", self.clock.now(), f"{why}; and last-known-good failed too: {failure}"
@@ -486,6 +536,7 @@ class Supervisor:
         try:
             self._launch(record.running)
             self._verify(record.running)
+            self._post_start(action)
         except _StartFailed as failure:
             self.state.update_action(
                 action, "failed", self.clock.now(), f"restart after crash failed: {failure}"
