@@ -7,23 +7,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tunerd.config import load_config
-from tunerd.daemon import Daemon
+from tests.integration.sim_daemon import BEFORE, close_daemon, free_port, sim_daemon
 from tunerd.engine.guards import may_change
 from tunerd.engine.process import find_listener
-from tunerd.sources.gpu import NoGpuSource
 
 pytestmark = pytest.mark.slow
-BEFORE = {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8}
 AFTER = {**BEFORE, "max_num_seqs": 6}
 
 
@@ -33,52 +28,9 @@ def _tunerd(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _daemon(tmp_path: Path, port: int | None = None, settings: dict[str, object] = BEFORE) -> Daemon:
-    port = port or _port()
-    command = [
-        sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--time-scale", "50", "--sim-startup-seconds", "10",
-        "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "rtx4090",
-    ]  # fmt: skip
-    config = tmp_path / "tunerd.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "engine": {
-                    "name": "main",
-                    "command": command,
-                    "url": f"http://127.0.0.1:{port}",
-                    "settings": settings,
-                    "drain": "30s",
-                    "startup_timeout": "30s",
-                    "probation": "1s",
-                },
-                "mode": "act",
-                "policies": [],
-                "guards": {"settle": "0s"},
-                "state_dir": str(tmp_path / "state"),
-            }
-        )
-    )
-    return Daemon(load_config(config), gpu=NoGpuSource(), say=lambda *a, **k: None)
-
-
-def _close(daemon: Daemon, kill: bool) -> None:
-    record = daemon.state.engine("main")
-    daemon.close()
-    if kill and record is not None and record.pid:
-        os.killpg(record.pid, signal.SIGKILL)
-
-
 def test_rollback_undoes_the_last_change_and_pauses_tuning(tmp_path: Path) -> None:
     state_dir = str(tmp_path / "state")
-    daemon = _daemon(tmp_path)
+    daemon = sim_daemon(tmp_path)
     try:
         daemon.start()
         nothing = _tunerd("rollback", "main", "--state-dir", state_dir)
@@ -118,18 +70,18 @@ def test_rollback_undoes_the_last_change_and_pauses_tuning(tmp_path: Path) -> No
             in shown
         )
     finally:
-        _close(daemon, kill=True)
+        close_daemon(daemon, kill=True)
 
 
 def test_settings_a_person_wrote_in_the_config_win_and_tuning_pauses(tmp_path: Path) -> None:
-    port = _port()
-    first = _daemon(tmp_path, port)
+    port = free_port()
+    first = sim_daemon(tmp_path, port)
     first.start()
     old_pid = first.state.engine("main").pid
-    _close(first, kill=False)  # tunerd stops; the engine serves on
+    close_daemon(first, kill=False)  # tunerd stops; the engine serves on
 
     mine = {**BEFORE, "max_num_seqs": 4}
-    second = _daemon(tmp_path, port, settings=mine)  # a person edited tunerd.yaml
+    second = sim_daemon(tmp_path, port, settings=mine)  # a person edited tunerd.yaml
     try:
         second.start()
         supervisor = second.engines[0].supervisor
@@ -147,25 +99,25 @@ def test_settings_a_person_wrote_in_the_config_win_and_tuning_pauses(tmp_path: P
         assert "adopted as the new base" in notify["reason"]
         pid = supervisor.process.pid
     finally:
-        _close(second, kill=False)
+        close_daemon(second, kill=False)
 
-    third = _daemon(tmp_path, port, settings=mine)  # the same config again: nothing to adopt
+    third = sim_daemon(tmp_path, port, settings=mine)  # the same config again: nothing to adopt
     try:
         third.start()
         assert third.engines[0].supervisor.process.pid == pid
         assert third.state.history(limit=1)[0]["kind"] == "notify"  # no new record
     finally:
-        _close(third, kill=True)
+        close_daemon(third, kill=True)
 
 
 def test_an_engine_a_person_started_by_hand_is_adopted_not_replaced(tmp_path: Path) -> None:
     """tunerd is down, its engine gone; a person starts one by hand on the same port with other
     flags. The next tunerd finds it by its listening socket and adopts it: their flags are the
     new base, tuning pauses, an alert says so — and nothing is restarted."""
-    port = _port()
-    first = _daemon(tmp_path, port)
+    port = free_port()
+    first = sim_daemon(tmp_path, port)
     first.start()
-    _close(first, kill=True)
+    close_daemon(first, kill=True)
 
     theirs = {**BEFORE, "max_num_seqs": 4}
     argv = [
@@ -180,7 +132,7 @@ def test_an_engine_a_person_started_by_hand_is_adopted_not_replaced(tmp_path: Pa
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    second = _daemon(tmp_path, port)  # the config is unchanged
+    second = sim_daemon(tmp_path, port)  # the config is unchanged
     try:
         deadline = time.monotonic() + 30
         while find_listener(port) is None and time.monotonic() < deadline:
@@ -205,6 +157,6 @@ def test_an_engine_a_person_started_by_hand_is_adopted_not_replaced(tmp_path: Pa
             "restart"
         ) == 1  # the first start only
     finally:
-        _close(second, kill=False)
+        close_daemon(second, kill=False)
         os.killpg(by_hand.pid, signal.SIGKILL)
         by_hand.wait()

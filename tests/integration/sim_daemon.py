@@ -1,0 +1,72 @@
+"""A real daemon over one simulated engine (real processes on loopback, real SQLite), for the
+integration tests that drive the daemon in-process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import yaml
+
+from tunerd.config import load_config
+from tunerd.daemon import Daemon
+from tunerd.sources.gpu import NoGpuSource
+
+BEFORE = {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sim_daemon(
+    tmp_path: Path,
+    port: int | None = None,
+    settings: dict[str, object] = BEFORE,
+    policies: tuple[str, ...] = (),
+    **engine: object,
+) -> Daemon:
+    """A daemon (mode act, settle 0) over one simulated engine on ``port``, built from a real
+    config file; ``policies`` are policy files, ``engine`` adds fields to the engine's block
+    (hooks, bounds…)."""
+    port = port or free_port()
+    command = [
+        sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--time-scale", "50", "--sim-startup-seconds", "10",
+        "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "rtx4090",
+    ]  # fmt: skip
+    config = tmp_path / "tunerd.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engine": {
+                    "name": "main",
+                    "command": command,
+                    "url": f"http://127.0.0.1:{port}",
+                    "settings": settings,
+                    "drain": "30s",
+                    "startup_timeout": "30s",
+                    "probation": "1s",
+                    **engine,
+                },
+                "mode": "act",
+                "policies": list(policies),
+                "guards": {"settle": "0s"},
+                "state_dir": str(tmp_path / "state"),
+            }
+        )
+    )
+    return Daemon(load_config(config), gpu=NoGpuSource(), say=lambda *a, **k: None)
+
+
+def close_daemon(daemon: Daemon, kill: bool) -> None:
+    """Close the daemon; with ``kill``, end its engine too (engines outlive tunerd by design)."""
+    record = daemon.state.engine("main")
+    daemon.close()
+    if kill and record is not None and record.pid:
+        os.killpg(record.pid, signal.SIGKILL)
