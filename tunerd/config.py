@@ -73,15 +73,16 @@ class ClockConfig(_Strict):
 
 
 class QuietConfig(_Strict):
-    max_running: int = 0
+    max_running: int = Field(default=0, ge=0)
     for_: Duration = Field(default=120.0, alias="for")
+    within: Duration = 3600.0  # how long a quiet restart waits before it alerts instead
 
 
 class GuardsConfig(_Strict):
     max_restarts: int = Field(default=3, ge=1)
     window: Duration = 3600.0
     on_exhausted: Literal["hold", "skip"] = "hold"
-    quiet: QuietConfig | None = None
+    quiet: QuietConfig = Field(default_factory=QuietConfig)
     settle: Duration = 900.0
 
 

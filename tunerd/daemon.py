@@ -9,12 +9,12 @@ Each tick, for every engine: read the GPU (one reading for all engines) and the 
 - ``act``: the :class:`~tunerd.engine.saga.Supervisor` restarts with the new settings, under
   the guards; a crash with a plan restarts with the plan's settings, without one with the same.
 
-A person's ``tunerd rollback`` is carried out on the next tick; settings a person changed in
+A ``restart: {quiet: true}`` waits, tick after tick, for ``guards.quiet`` (and pages if it
+never comes). A person's ``tunerd rollback`` is carried out on the next tick; settings a person changed in
 the config are adopted when the daemon starts (both pause tuning).
 
 What this loop does not do yet (the daemon issue): status socket, its own /metrics, notify
-sinks, systemd mode, several engines acting in parallel (a restart blocks the loop), quiet
-periods.
+sinks, systemd mode, several engines acting in parallel (a restart blocks the loop).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, EngineConfig
 from tunerd.engine.args import settings_to_args
-from tunerd.engine.guards import GuardConfig
+from tunerd.engine.guards import GuardConfig, is_quiet
 from tunerd.engine.saga import EngineSpec, Supervisor
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
 from tunerd.policy.schema import Policy, load_policy_files
@@ -64,6 +64,7 @@ class EngineLoop:
     crash_reported: bool = False
     engine_pids: set[int] = field(default_factory=set)  # as last seen alive: the OOM text lists them too
     said: list[str] = field(default_factory=list)
+    waiting: tuple[ActionPlan, float] | None = None  # a quiet restart and since when it waits
 
 
 class Daemon:
@@ -300,10 +301,15 @@ class Daemon:
                 evidence={"signals": dict(plan.evidence)},
             )
             self.say("engine_held", engine=name, policies=list(plan.policies))
+        fresh = plan is not None
+        if crash is not None:
+            loop.waiting = None  # crashes never wait, and what the waiting plan assumed is gone
+        elif plan is None and loop.waiting is not None:
+            plan = loop.waiting[0]  # a quiet restart still waiting: look again (crashes never wait)
         done = self._act(loop, plan, crash, now)
         failed = done.startswith(("restart rolled_back", "restart failed"))
-        if plan is not None and (plan.notify or failed):
-            self._notify(plan, now, done)  # a change that did not take always pages a person
+        if plan is not None and ((fresh and plan.notify) or failed):
+            self._notify(plan, now, done, page=failed)  # a change that did not take pages a person
 
     def _rollback_asked(self, loop: EngineLoop) -> bool:
         """Carry out the newest ``tunerd rollback`` for this engine (older ones are superseded)."""
@@ -352,6 +358,10 @@ class Daemon:
         if plan.mode != "act" or plan.restart is None:
             self._propose(plan, now)
             return "proposed, not applied" if plan.mode == "advise" else "observed, not applied"
+        if plan.restart.quiet:
+            waited = self._wait_for_quiet(loop, plan, now)
+            if waited is not None:
+                return waited
         result = supervisor.restart(
             plan.after,
             reason="; ".join(plan.reasons),
@@ -363,10 +373,44 @@ class Daemon:
         )
         return f"restart {result.outcome}: {result.reason}"
 
-    def _notify(self, plan: ActionPlan, now: float, done: str) -> None:
+    def _wait_for_quiet(self, loop: EngineLoop, plan: ActionPlan, now: float) -> str | None:
+        """None when the engine is quiet (the restart may go ahead); else what was done: still
+        waiting, or — after ``guards.quiet.within`` — given up (the alert says so)."""
+        quiet = self.config.guards.quiet
+        if loop.waiting is None or loop.waiting[0].after != plan.after:
+            loop.waiting = (plan, now)
+        samples = [
+            (sample.time, sample.value)
+            for sample in self.store.window("num_requests_running", loop.config.name, now, quiet.for_ + 60)
+        ]
+        if is_quiet(samples, now, quiet.max_running, quiet.for_):
+            loop.waiting = None
+            return None
+        since = loop.waiting[1]
+        if now - since < quiet.within:
+            return "waiting for a quiet period"
+        loop.waiting = None
+        self.state.record_action(
+            engine=plan.engine,
+            kind="tune",
+            mode=plan.mode,
+            outcome="skipped",
+            reason=f"{'; '.join(plan.reasons)}; not applied: no quiet period "
+            f"(≤ {quiet.max_running} running for {quiet.for_:g} s) within {quiet.within:g} s",
+            now=now,
+            policy=",".join(plan.policies),
+            from_settings=plan.before,
+            to_settings=plan.after,
+            evidence={"signals": dict(plan.evidence)},
+        )
+        return f"restart failed: no quiet period within {quiet.within:g} s"
+
+    def _notify(self, plan: ActionPlan, now: float, done: str, page: bool = False) -> None:
         """Record the alert a plan asks for. Chat sinks come with the daemon issue; until then
         the alert is in history and on stderr, marked as not delivered."""
-        severities = sorted({severity for _, severity, _ in plan.notify}) or ["critical"]
+        severities = sorted({severity for _, severity, _ in plan.notify})
+        if page or not severities:
+            severities = ["critical"]
         self.state.record_action(
             engine=plan.engine,
             kind="notify",

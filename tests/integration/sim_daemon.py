@@ -29,6 +29,7 @@ def sim_daemon(
     port: int | None = None,
     settings: dict[str, object] = BEFORE,
     policies: tuple[str, ...] = (),
+    guards: dict[str, object] | None = None,
     **engine: object,
 ) -> Daemon:
     """A daemon (mode act, settle 0) over one simulated engine on ``port``, built from a real
@@ -56,7 +57,7 @@ def sim_daemon(
                 },
                 "mode": "act",
                 "policies": list(policies),
-                "guards": {"settle": "0s"},
+                "guards": {"settle": "0s", **(guards or {})},
                 "state_dir": str(tmp_path / "state"),
             }
         )

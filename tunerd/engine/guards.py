@@ -114,3 +114,16 @@ def backoff_seconds(attempt: int, config: GuardConfig) -> float:
     if attempt < 1:
         return 0.0
     return float(min(config.backoff_max, config.backoff_base * 2 ** (attempt - 1)))
+
+
+def is_quiet(
+    samples: Sequence[tuple[float, float | None]], now: float, max_running: int, hold: float
+) -> bool:
+    """The engine has had at most ``max_running`` requests running for the last ``hold``
+    seconds: readings cover the whole stretch (the oldest at or before ``now − hold``) and none
+    is over the limit or missing. ``samples`` are (time, num_requests_running), oldest first."""
+    recent = [(time, value) for time, value in samples if time <= now]
+    if not recent or recent[0][0] > now - hold:
+        return False  # not watched that long yet
+    start = max((time for time, _ in recent if time <= now - hold), default=recent[0][0])
+    return all(value is not None and value <= max_running for time, value in recent if time >= start)

@@ -24,8 +24,8 @@ Before each spawn the supervisor waits (``gpu_wait_seconds``) until the engine's
 free memory the new settings need, as vLLM checks at start-up; still short, the start fails
 like any other (and a restart rolls back). The engine's ``pre_stop`` hook runs before the
 stop — a failure aborts the restart with the old engine still serving — and ``post_start``
-after each verified start (a failure is written on the action). Not yet here: the
-quiet-period wait before the drain, probation by traffic and systemd mode.
+after each verified start (a failure is written on the action). The quiet-period wait happens
+before a restart is asked for (the daemon). Not yet here: probation by traffic, systemd mode.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from tunerd.engine.guards import (
     backoff_seconds,
     budget,
     is_crash_loop,
+    is_quiet,
     may_change,
 )
 
@@ -78,3 +79,16 @@ def test_bad_config_is_refused() -> None:
         GuardConfig(max_restarts=0)
     with pytest.raises(ValueError, match="on_exhausted"):
         GuardConfig(on_exhausted="ignore")
+
+
+def test_quiet_means_watched_the_whole_stretch_and_never_busier() -> None:
+    idle = [(float(t), 0.0) for t in range(0, 130, 2)]  # every 2 s for 128 s
+    assert is_quiet(idle, now=128.0, max_running=0, hold=120.0)
+    assert not is_quiet(idle, now=128.0, max_running=0, hold=200.0)  # not watched that long
+    busy_once = [(t, 3.0 if t == 100.0 else v) for t, v in idle]
+    assert not is_quiet(busy_once, now=128.0, max_running=0, hold=120.0)
+    assert is_quiet(busy_once, now=128.0, max_running=3, hold=120.0)
+    assert is_quiet(busy_once, now=128.0, max_running=0, hold=20.0)  # the busy moment is older
+    gap = [(t, None if t == 120.0 else v) for t, v in idle]
+    assert not is_quiet(gap, now=128.0, max_running=0, hold=120.0)  # a missing reading is not quiet
+    assert not is_quiet([], now=128.0, max_running=0, hold=1.0)
