@@ -84,6 +84,7 @@ class GuardsConfig(_Strict):
     on_exhausted: Literal["hold", "skip"] = "hold"
     quiet: QuietConfig = Field(default_factory=QuietConfig)
     settle: Duration = 900.0
+    shared_gpu_max: float = Field(default=0.95, gt=0, le=1)  # engines sharing a GPU: summed utilization
 
 
 class Config(_Strict):

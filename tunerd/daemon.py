@@ -30,7 +30,7 @@ from typing import Any
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, EngineConfig
 from tunerd.engine.args import settings_to_args
-from tunerd.engine.guards import GuardConfig, is_quiet
+from tunerd.engine.guards import GuardConfig, is_quiet, shared_gpu_refusal
 from tunerd.engine.saga import EngineSpec, Supervisor
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
 from tunerd.policy.schema import Policy, load_policy_files
@@ -358,6 +358,20 @@ class Daemon:
         if plan.mode != "act" or plan.restart is None:
             self._propose(plan, now)
             return "proposed, not applied" if plan.mode == "advise" else "observed, not applied"
+        if (crowded := self._shared_gpu_refusal(loop, plan)) is not None:
+            self.state.record_action(
+                engine=plan.engine,
+                kind="tune",
+                mode=plan.mode,
+                outcome="skipped",
+                reason=f"{'; '.join(plan.reasons)}; not applied: {crowded}",
+                now=now,
+                policy=",".join(plan.policies),
+                from_settings=plan.before,
+                to_settings=plan.after,
+                evidence={"signals": dict(plan.evidence)},
+            )
+            return f"not applied: {crowded}"
         if plan.restart.quiet:
             waited = self._wait_for_quiet(loop, plan, now)
             if waited is not None:
@@ -372,6 +386,21 @@ class Daemon:
             "engine_tuned", engine=name, outcome=result.outcome, reason=result.reason, changes=plan.changes
         )
         return f"restart {result.outcome}: {result.reason}"
+
+    def _shared_gpu_refusal(self, loop: EngineLoop, plan: ActionPlan) -> str | None:
+        """A raise of utilization that would overbook a GPU this engine shares with others."""
+        after = plan.after.get("gpu_memory_utilization")
+        if after is None or after <= (plan.before.get("gpu_memory_utilization") or 0):
+            return None
+        utilizations = {}
+        for other in self.engines:
+            running = other.supervisor.running_settings() or dict(other.config.settings)
+            if other is not loop and running.get("gpu_memory_utilization") is not None:
+                utilizations[other.config.name] = float(running["gpu_memory_utilization"])
+        gpus = {other.config.name: list(other.config.gpus) for other in self.engines}
+        return shared_gpu_refusal(
+            loop.config.name, float(after), gpus, utilizations, self.config.guards.shared_gpu_max
+        )
 
     def _wait_for_quiet(self, loop: EngineLoop, plan: ActionPlan, now: float) -> str | None:
         """None when the engine is quiet (the restart may go ahead); else what was done: still

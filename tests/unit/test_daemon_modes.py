@@ -77,3 +77,38 @@ def test_a_second_daemon_on_the_same_state_is_refused(tmp_path: Path) -> None:
             _daemon(tmp_path, "advise")
     finally:
         first.close()
+
+
+def test_a_raise_that_would_overbook_a_shared_gpu_is_refused(tmp_path: Path) -> None:
+    """Two engines on GPU 0 at 0.45 each: raising one to 0.55 would book 1.0 of it (limit 0.95);
+    nothing restarts, the refusal is recorded. (Lowering is never refused.)"""
+    config = tmp_path / "tunerd.yaml"
+    half = {"gpu_memory_utilization": 0.45, "max_num_seqs": 8}
+    config.write_text(
+        "engines:\n"
+        f"  - {{name: chat, command: [vllm, serve, /srv/a], url: 'http://127.0.0.1:1', settings: {half}}}\n"
+        f"  - {{name: embed, command: [vllm, serve, /srv/b], url: 'http://127.0.0.1:2', settings: {half}}}\n"
+        f"mode: act\npolicies: []\nstate_dir: {tmp_path / 'state'}\n"
+    )
+    daemon = Daemon(load_config(config), gpu=NoGpuSource(), say=lambda *a, **k: None)
+    try:
+        for name in ("chat", "embed"):
+            daemon.state.set_running(name, daemon.state.add_version(name, half, "initial", now=0.0))
+        raised = ActionPlan(
+            engine="chat",
+            time=100.0,
+            policies=("pool-underused",),
+            mode="act",
+            before=half,
+            after={**half, "gpu_memory_utilization": 0.55},
+            tunes=(TuneResult("gpu_memory_utilization", 0.45, 0.55, "+0.1"),),
+            restart=RestartSpec(),
+            reasons=("pool-underused: gpu_memory_utilization 0.45 → 0.55",),
+        )
+        done = daemon._act(daemon.engines[0], raised, None, now=100.0)
+        [record] = daemon.state.history()
+    finally:
+        daemon.close()
+    assert done == "not applied: GPU 0 would be 1 booked (chat 0.55 beside embed 0.45; limit 0.95)"
+    assert (record["kind"], record["outcome"]) == ("tune", "skipped")
+    assert "GPU 0 would be 1 booked" in record["reason"]

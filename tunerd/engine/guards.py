@@ -127,3 +127,29 @@ def is_quiet(
         return False  # not watched that long yet
     start = max((time for time, _ in recent if time <= now - hold), default=recent[0][0])
     return all(value is not None and value <= max_running for time, value in recent if time >= start)
+
+
+def shared_gpu_refusal(
+    engine: str,
+    utilization: float,
+    gpus: Mapping[str, Sequence[int | str]],
+    utilizations: Mapping[str, float],
+    limit: float,
+) -> str | None:
+    """Why ``engine`` may not run at ``utilization`` beside the other engines on its GPUs (None
+    when it may): on a GPU several engines share, their ``gpu_memory_utilization`` together stay
+    within ``limit``. ``gpus`` maps each engine to its GPUs, ``utilizations`` the others' now."""
+    for gpu in gpus.get(engine, ()):
+        others = {
+            name: utilizations[name]
+            for name, theirs in gpus.items()
+            if name != engine and gpu in theirs and name in utilizations
+        }
+        total = round(utilization + sum(others.values()), 4)
+        if others and total > limit:
+            beside = ", ".join(f"{name} {share:g}" for name, share in sorted(others.items()))
+            return (
+                f"GPU {gpu} would be {total:g} booked "
+                f"({engine} {utilization:g} beside {beside}; limit {limit:g})"
+            )
+    return None

@@ -12,6 +12,7 @@ from tunerd.engine.guards import (
     is_crash_loop,
     is_quiet,
     may_change,
+    shared_gpu_refusal,
 )
 
 HOUR = 3600.0
@@ -92,3 +93,15 @@ def test_quiet_means_watched_the_whole_stretch_and_never_busier() -> None:
     gap = [(t, None if t == 120.0 else v) for t, v in idle]
     assert not is_quiet(gap, now=128.0, max_running=0, hold=120.0)  # a missing reading is not quiet
     assert not is_quiet([], now=128.0, max_running=0, hold=1.0)
+
+
+def test_engines_sharing_a_gpu_stay_within_its_limit() -> None:
+    gpus = {"chat": [0], "embed": [0], "batch": [1]}
+    others = {"embed": 0.45, "batch": 0.9}
+    assert shared_gpu_refusal("chat", 0.5, gpus, others, 0.95) is None  # 0.95 exactly is fine
+    assert shared_gpu_refusal("chat", 0.53, gpus, others, 0.95) == (
+        "GPU 0 would be 0.98 booked (chat 0.53 beside embed 0.45; limit 0.95)"
+    )
+    assert shared_gpu_refusal("batch", 0.97, gpus, {"chat": 0.5, "embed": 0.45}, 0.95) is None  # alone on 1
+    tensor_parallel = {"big": [0, 1], "small": [1]}
+    assert "GPU 1 would be" in (shared_gpu_refusal("big", 0.8, tensor_parallel, {"small": 0.3}, 0.95) or "")
