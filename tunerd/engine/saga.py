@@ -193,9 +193,9 @@ class Supervisor:
         """Restart with ``settings`` through every step of the saga, if the guards allow.
         ``after_crash``: the engine is already down, so the settle period does not apply (the
         crash is the observation the settle period waits for). ``asked``: the history record of
-        a person's ``tunerd rollback`` (or of settings a person changed, ``source="adopt"``); a
-        person is not held to pins, pauses, holds, settle periods or budgets — only a restart
-        already in flight waits."""
+        a person's ``tunerd rollback`` (or of settings a person wrote in the config, with
+        ``source="initial"``); a person is not held to pins, pauses, holds, settle periods or
+        budgets — only a restart already in flight waits."""
         record = self.state.engine(self.spec.name)
         if record is None or record.running is None:
             raise ProcessError(f"engine {self.spec.name} was never started under tunerd")
