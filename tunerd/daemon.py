@@ -76,6 +76,12 @@ class Daemon:
         gpu: GpuSource | None = None,
         say: Callable[..., None] = _stderr_json,
     ) -> None:
+        unbuilt = [engine.name for engine in config.engines if engine.control != "supervise"]
+        if unbuilt:
+            raise ValueError(
+                f"engine {', '.join(unbuilt)}: control: systemd is not built yet "
+                "(docs/systemd-mode.md); use control: supervise, or mode: advise to get the flags"
+            )
         self.config = config
         self.clock = clock
         self.say = say
@@ -130,8 +136,6 @@ class Daemon:
     def start(self) -> None:
         """Reconcile every engine with its state; start the ones tunerd never started."""
         for loop in self.engines:
-            if loop.config.control != "supervise":
-                raise NotImplementedError("systemd control comes with the daemon issue")
             done = loop.supervisor.reconcile()
             if done == "no engine recorded":
                 result = loop.supervisor.start_initial(loop.config.settings)

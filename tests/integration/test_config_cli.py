@@ -46,3 +46,15 @@ def test_policies_the_config_names_are_checked_too(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "p.yaml:4: policy 'x'" in result.stderr
     assert "invalid duration 'banana'" in result.stderr
+
+
+def test_run_refuses_systemd_control_until_it_is_built(tmp_path: Path) -> None:
+    config = tmp_path / "tunerd.yaml"
+    config.write_text(
+        "engine: {name: llama31, control: systemd, unit: vllm-llama31.service, command: [vllm, serve, m]}\n"
+        f"policies: []\nstate_dir: {tmp_path / 'state'}\n"
+    )
+    done = _tunerd("run", "--config", str(config), "--ticks", "1")
+    assert done.returncode == 2, done.stderr
+    assert "engine llama31: control: systemd is not built yet (docs/systemd-mode.md)" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,82 @@
+"""The shipped systemd-mode files (contrib/systemd/): the engine unit passes `systemd-analyze
+verify` and keeps the four lines tunerd relies on; the polkit rule, run in Node.js against a
+stand-in `polkit` object, grants the tunerd user start/stop/restart of that one unit only.
+Each part skips with a reason where its tool is missing."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CONTRIB = Path(__file__).parents[2] / "contrib" / "systemd"
+UNIT = CONTRIB / "vllm-llama31.service"
+RULE = CONTRIB / "50-tunerd-vllm-llama31.rules"
+
+
+def _service() -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(UNIT.read_text())
+    return parser["Service"]
+
+
+def test_the_engine_unit_keeps_what_tunerd_relies_on() -> None:
+    service = _service()
+    assert service["EnvironmentFile"] == "-/var/lib/tunerd/engines/llama31.env"
+    assert service["ExecStart"].endswith(" $TUNERD_ARGS")
+    assert service["Restart"] == "no"
+    assert service["KillMode"] == "mixed"
+    assert int(service["TimeoutStopSec"]) >= 120 + 30  # the default drain + 30 s
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_analyze_verify_accepts_the_engine_unit(tmp_path: Path) -> None:
+    # verify checks that ExecStart's program exists: point it at one that does here
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace("/opt/vllm/bin/vllm serve", f"{sys.executable} -m vllm"))
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == ""  # parse warnings ("Unknown key ...") only go to stderr
+
+
+RUN_RULE = """
+const rules = [];
+globalThis.polkit = { Result: { YES: "yes", NO: "no" }, addRule: (rule) => rules.push(rule) };
+require(process.argv[1]);
+const ask = ([unit, verb, user]) => {
+  const action = { id: "org.freedesktop.systemd1.manage-units", lookup: (k) => ({ unit, verb })[k] };
+  return rules.map((rule) => rule(action, { user })).find((r) => r !== undefined) ?? null;
+};
+console.log(JSON.stringify(JSON.parse(process.argv[2]).map(ask)));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js not installed")
+def test_the_polkit_rule_grants_one_unit_to_tunerd_only(tmp_path: Path) -> None:
+    rule = tmp_path / "rule.js"
+    rule.write_text(RULE.read_text())
+    asks = [
+        ["vllm-llama31.service", "restart", "tunerd"],
+        ["vllm-llama31.service", "start", "tunerd"],
+        ["vllm-llama31.service", "stop", "tunerd"],
+        ["vllm-llama31.service", "restart", "alice"],
+        ["sshd.service", "restart", "tunerd"],
+        ["vllm-llama31.service", "set-property", "tunerd"],
+    ]
+    done = subprocess.run(
+        ["node", "-e", RUN_RULE, str(rule), json.dumps(asks)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["yes", "yes", "yes", None, None, None]
