@@ -40,6 +40,7 @@ from tunerd.sources.select import gpu_source
 from tunerd.sources.vllm_metrics import MetricsClient, ScrapeError, parse
 from tunerd.state import HostLock, State
 from tunerd.store import Event, Store
+from tunerd.tune import changes
 
 __all__ = ["Daemon", "EngineLoop"]
 
@@ -172,11 +173,7 @@ class Daemon:
         command_changed = list(record.argv) != supervisor.spec.argv(running)
         if wanted == base and not command_changed:
             return
-        changed = [
-            f"{knob} {base.get(knob)}→{wanted.get(knob)}"
-            for knob in sorted(set(base) | set(wanted))
-            if base.get(knob) != wanted.get(knob)
-        ]
+        changed = changes(base, wanted)
         if command_changed:
             changed.append("command")
         why = f"the config was changed by a person ({', '.join(changed)}): adopted as the new base"
@@ -363,18 +360,7 @@ class Daemon:
             self._propose(plan, now)
             return "proposed, not applied" if plan.mode == "advise" else "observed, not applied"
         if (crowded := self._shared_gpu_refusal(loop, plan)) is not None:
-            self.state.record_action(
-                engine=plan.engine,
-                kind="tune",
-                mode=plan.mode,
-                outcome="skipped",
-                reason=f"{'; '.join(plan.reasons)}; not applied: {crowded}",
-                now=now,
-                policy=",".join(plan.policies),
-                from_settings=plan.before,
-                to_settings=plan.after,
-                evidence={"signals": dict(plan.evidence)},
-            )
+            self._not_applied(plan, now, crowded)
             return f"not applied: {crowded}"
         if plan.restart.quiet:
             waited = self._wait_for_quiet(loop, plan, now)
@@ -423,20 +409,27 @@ class Daemon:
         if now - since < quiet.within:
             return "waiting for a quiet period"
         loop.waiting = None
+        self._not_applied(
+            plan,
+            now,
+            f"no quiet period (≤ {quiet.max_running} running for {quiet.for_:g} s) within {quiet.within:g} s",
+        )
+        return f"restart failed: no quiet period within {quiet.within:g} s"
+
+    def _not_applied(self, plan: ActionPlan, now: float, why: str) -> None:
+        """Record a plan's change as skipped, with why it was not applied."""
         self.state.record_action(
             engine=plan.engine,
             kind="tune",
             mode=plan.mode,
             outcome="skipped",
-            reason=f"{'; '.join(plan.reasons)}; not applied: no quiet period "
-            f"(≤ {quiet.max_running} running for {quiet.for_:g} s) within {quiet.within:g} s",
+            reason=f"{'; '.join(plan.reasons)}; not applied: {why}",
             now=now,
             policy=",".join(plan.policies),
             from_settings=plan.before,
             to_settings=plan.after,
             evidence={"signals": dict(plan.evidence)},
         )
-        return f"restart failed: no quiet period within {quiet.within:g} s"
 
     def _notify(self, plan: ActionPlan, now: float, done: str, page: bool = False) -> None:
         """Record the alert a plan asks for. Chat sinks come with the daemon issue; until then

@@ -34,6 +34,7 @@ __all__ = [
     "TUNABLES",
     "TuneResult",
     "apply_tune",
+    "changes",
     "settings_diff",
     "tune_problem",
     "validate_value",
@@ -267,3 +268,12 @@ def settings_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[s
     return {
         knob: (before.get(knob), after.get(knob)) for knob in TUNABLES if before.get(knob) != after.get(knob)
     }
+
+
+def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """What differs, for people: ``["max_num_seqs 8→4", …]``, knobs sorted by name."""
+    return [
+        f"{knob} {before.get(knob)}→{after.get(knob)}"
+        for knob in sorted(set(before) | set(after))
+        if before.get(knob) != after.get(knob)
+    ]

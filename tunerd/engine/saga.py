@@ -58,6 +58,7 @@ from tunerd.engine.process import (
 from tunerd.sources.engine_log import LogDiagnoser, LogDiagnosis
 from tunerd.sources.vllm_metrics import MetricsClient
 from tunerd.state import State
+from tunerd.tune import changes
 
 __all__ = ["STEPS", "EngineSpec", "RestartResult", "Supervisor"]
 
@@ -611,11 +612,7 @@ class Supervisor:
         now = self.clock.now()
         before = self.state.version(record.running).settings
         theirs = settings_from_argv(identity.argv)
-        changed = ", ".join(
-            f"{knob} {before.get(knob)}→{theirs.get(knob)}"
-            for knob in sorted(set(before) | set(theirs))
-            if before.get(knob) != theirs.get(knob)
-        )
+        changed = ", ".join(changes(before, theirs))
         why = (
             f"the engine was started outside tunerd (pid {identity.pid}; "
             f"{changed or 'same settings, another command'}): adopted as the new base"
