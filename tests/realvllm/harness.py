@@ -199,19 +199,32 @@ class Request:
     ended: float
     status: int | None  # None: no HTTP answer (refused while the engine was down)
     detail: str = ""  # the answer's first 200 characters, or the client's error
+    finish_reason: str | None = None  # of a 200 answer: "length" (all tokens asked for), "abort"…
+    tokens: int = 0  # completion tokens in a 200 answer
+    first_token: float | None = None  # when its first token arrived (time.time()): it was in the engine
+    asked: int = 0  # max_tokens asked for
+    prompt_tokens: int = 0
+
+    def whole(self, max_model_len: int) -> bool:
+        """Answered with every token asked for (vLLM caps a request at ``max_model_len``)."""
+        return self.status == 200 and self.tokens == min(self.asked, max_model_len - self.prompt_tokens)
 
 
 class Load:
     """``workers`` clients, each sending one completion after another: a prompt of about
     ``words`` distinct random words (no shared prefix, so the pool really fills) and about
-    ``max_tokens`` of output. A refused connection (the engine restarting) is retried after a
-    short pause, as real clients do; every attempt is recorded."""
+    ``max_tokens`` of output, streamed, so each record says when its first token came (then the
+    engine had it) and how it finished. A refused connection (the engine restarting) is retried
+    after a short pause, as real clients do; every attempt is recorded."""
 
-    def __init__(self, url: str, *, workers: int, words: int, max_tokens: int, seed: int = 0) -> None:
+    def __init__(
+        self, url: str, *, workers: int, words: int, max_tokens: int, pause: float = 0.0, seed: int = 0
+    ) -> None:
         self.url = url
         self.workers = workers
         self.words = words
         self.max_tokens = max_tokens
+        self.pause = pause
         self.seed = seed
         self.requests: list[Request] = []
         self._stop = threading.Event()
@@ -254,24 +267,57 @@ class Load:
         rng = random.Random(self.seed * 1000 + worker)
         with httpx.Client(timeout=httpx.Timeout(300, connect=5)) as client:
             while not self._stop.is_set():
-                # lengths vary ±50 % so the clients drift apart, as real traffic does, instead
-                # of finishing and resending in lockstep waves
+                # lengths vary ±50 % and each client pauses a little, as real traffic does: the
+                # clients drift apart instead of sending in waves (measured: without the pause,
+                # requests capped at max_model_len finished together and the next wave began
+                # together)
+                self._stop.wait(rng.uniform(0, self.pause))
                 words = rng.randint(self.words // 2, self.words * 3 // 2)
                 prompt = " ".join(rng.choice(_WORDS) for _ in range(words))
+                body = {
+                    "model": MODEL_NAME,
+                    "prompt": prompt,
+                    "max_tokens": rng.randint(self.max_tokens // 2, self.max_tokens * 3 // 2),
+                    "ignore_eos": True,
+                    "temperature": 0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
                 started = time.time()
                 try:
-                    response = client.post(
-                        self.url + "/v1/completions",
-                        json={
-                            "model": MODEL_NAME,
-                            "prompt": prompt,
-                            "max_tokens": rng.randint(self.max_tokens // 2, self.max_tokens * 3 // 2),
-                            "ignore_eos": True,
-                            "temperature": 0,
-                        },
-                    )
+                    request = self._stream(client, body, started)
                 except httpx.HTTPError as error:
-                    self.requests.append(Request(started, time.time(), None, type(error).__name__))
+                    request = Request(started, time.time(), None, type(error).__name__)
                     self._stop.wait(0.5)
-                    continue
-                self.requests.append(Request(started, time.time(), response.status_code, response.text[:200]))
+                self.requests.append(request)
+
+    def _stream(self, client: httpx.Client, body: dict[str, Any], started: float) -> Request:
+        """One streamed completion: when its first token came, how it finished, how many tokens."""
+        with client.stream("POST", self.url + "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                return Request(started, time.time(), response.status_code, response.read().decode()[:200])
+            first: float | None = None
+            reason: str | None = None
+            tokens = prompt_tokens = 0
+            detail = ""
+            try:
+                for line in response.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data: ") :])
+                    if "error" in chunk:
+                        detail = json.dumps(chunk["error"])[:200]
+                        continue
+                    for choice in chunk.get("choices", []):
+                        if choice.get("text"):
+                            first = first or time.time()
+                            tokens += 1  # one token a chunk, until the usage says
+                        reason = choice.get("finish_reason") or reason
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+                        prompt_tokens = chunk["usage"]["prompt_tokens"]
+            except httpx.HTTPError as error:  # the answer broke off: keep what came
+                detail = f"{type(error).__name__} after {tokens} tokens"
+            return Request(
+                started, time.time(), 200, detail, reason, tokens, first, body["max_tokens"], prompt_tokens
+            )
