@@ -41,7 +41,7 @@ class _Strict(BaseModel):
 class EngineConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     control: Literal["supervise", "systemd"] = "supervise"
-    command: list[str] = Field(min_length=1)
+    command: list[str] = Field(default_factory=list)  # supervise mode; systemd: the unit's ExecStart
     env: dict[str, str] = Field(default_factory=dict)
     unit: str | None = None
     url: str = "http://127.0.0.1:8000"
@@ -165,8 +165,21 @@ def _engine_problems(raw: dict[str, Any], path: tuple[str | int, ...]) -> list[P
                 problems.append(Problem((*path, "hooks", hook), "an argv list, never a shell string"))
             elif isinstance(argv, list) and not argv:
                 problems.append(Problem((*path, "hooks", hook), "an empty command"))
-    if raw.get("control") == "systemd" and not raw.get("unit"):
-        problems.append(Problem((*path, "unit"), "systemd control needs the engine's unit"))
+    if raw.get("control") == "systemd":
+        if not raw.get("unit"):
+            problems.append(Problem((*path, "unit"), "systemd control needs the engine's unit"))
+        if raw.get("command"):
+            problems.append(
+                Problem(
+                    (*path, "command"),
+                    "systemd control: the command is the unit's ExecStart, ending in $TUNERD_ARGS "
+                    "(docs/systemd-mode.md); remove it here",
+                )
+            )
+        if raw.get("env"):
+            problems.append(Problem((*path, "env"), "systemd control: set the environment in the unit"))
+    elif not raw.get("command"):
+        problems.append(Problem((*path, "command"), "the engine's argv list, e.g. [vllm, serve, MODEL]"))
     return problems
 
 

@@ -13,8 +13,12 @@ A ``restart: {quiet: true}`` waits, tick after tick, for ``guards.quiet`` (and p
 never comes). A person's ``tunerd rollback`` is carried out on the next tick; settings a person changed in
 the config are adopted when the daemon starts (both pause tuning).
 
+Engines run under tunerd (supervise mode) or as their own systemd units (``control: systemd``:
+:class:`~tunerd.engine.unit.SystemdRunner`); the saga is the same.
+
 What this loop does not do yet (the daemon issue): status socket, its own /metrics, notify
-sinks, systemd mode, several engines acting in parallel (a restart blocks the loop).
+sinks, several engines acting in parallel (a restart blocks the loop, so two engines' restarts
+never overlap).
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from typing import Any
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, EngineConfig
-from tunerd.engine.args import settings_to_args
+from tunerd.engine.args import engine_argv, settings_to_args
 from tunerd.engine.guards import GuardConfig, is_quiet, shared_gpu_refusal
-from tunerd.engine.saga import EngineSpec, Supervisor
+from tunerd.engine.saga import EngineSpec, Runner, Supervisor
+from tunerd.engine.unit import SystemdRunner
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
 from tunerd.policy.schema import Policy, load_policy_files
 from tunerd.signals import ENGINE_METRIC_SIGNALS, engine_gpus, engine_memory, gpu_room, gpu_signals
@@ -77,12 +82,6 @@ class Daemon:
         gpu: GpuSource | None = None,
         say: Callable[..., None] = _stderr_json,
     ) -> None:
-        unbuilt = [engine.name for engine in config.engines if engine.control != "supervise"]
-        if unbuilt:
-            raise ValueError(
-                f"engine {', '.join(unbuilt)}: control: systemd is not built yet "
-                "(docs/systemd-mode.md); use control: supervise, or mode: advise to get the flags"
-            )
         self.config = config
         self.clock = clock
         self.say = say
@@ -111,8 +110,22 @@ class Daemon:
             client=client,
             on_step=lambda step: self.say("restart_step", engine=engine.name, step=step, at=self.clock.now()),
             room=lambda settings: self._gpu_room(engine, settings),
+            runner=self._runner(engine),
         )
         return EngineLoop(engine, supervisor, client, new_states(self.policies), now)
+
+    def _runner(self, engine: EngineConfig) -> Runner | None:
+        """systemd mode's unit runner; None: supervise mode's own (the supervisor's default)."""
+        if engine.control != "systemd":
+            return None
+        assert engine.unit is not None  # the config requires it
+        return SystemdRunner(engine.unit, self._env_path(engine), self._log_path(engine), self.clock)
+
+    def _env_path(self, engine: EngineConfig) -> Path:
+        return Path(self.config.state_dir) / "engines" / f"{engine.name}.env"
+
+    def _log_path(self, engine: EngineConfig) -> Path:
+        return Path(self.config.state_dir) / "engines" / f"{engine.name}.log"
 
     def _gpu_room(self, engine: EngineConfig, settings: Mapping[str, Any]) -> str | None:
         """A fresh GPU reading: why ``engine`` could not start with ``settings`` now."""
@@ -123,7 +136,7 @@ class Daemon:
             name=engine.name,
             command=tuple(engine.command),
             url=engine.url.rstrip("/"),
-            log_path=Path(self.config.state_dir) / "engines" / f"{engine.name}.log",
+            log_path=self._log_path(engine),
             env=engine.env,
             drain_seconds=engine.drain,
             startup_timeout=engine.startup_timeout,
@@ -219,6 +232,7 @@ class Daemon:
     def close(self) -> None:
         """Stop watching; the engines keep running (they outlive tunerd by design)."""
         for loop in self.engines:
+            loop.supervisor.close()  # the engine keeps running; a unit's journal copy stops
             loop.metrics.close()
         self.gpu.close()
         self.state.close()
@@ -454,10 +468,15 @@ class Daemon:
         """observe: record; advise: record the exact flag diff and how to apply it."""
         diff = " ".join(settings_to_args({knob: after for knob, (_, after) in plan.changes.items()}))
         engine = next(e for e in self.config.engines if e.name == plan.engine)
-        command = " ".join([*engine.command, *settings_to_args(plan.after)])
         reason = "; ".join(plan.reasons)
         if plan.mode == "advise":
-            reason = f"{reason}; proposed {diff}; to apply: {command}"
+            flags = " ".join(engine_argv((), plan.after, engine.drain))
+            apply = (
+                f'TUNERD_ARGS="{flags}" in {self._env_path(engine)}, then systemctl restart {engine.unit}'
+                if engine.control == "systemd"
+                else " ".join([*engine.command, *settings_to_args(plan.after)])
+            )
+            reason = f"{reason}; proposed {diff}; to apply: {apply}"
         self.state.record_action(
             engine=plan.engine,
             kind="tune",

@@ -48,13 +48,16 @@ def test_policies_the_config_names_are_checked_too(tmp_path: Path) -> None:
     assert "invalid duration 'banana'" in result.stderr
 
 
-def test_run_refuses_systemd_control_until_it_is_built(tmp_path: Path) -> None:
+def test_config_check_explains_a_systemd_engine_with_a_command(tmp_path: Path) -> None:
     config = tmp_path / "tunerd.yaml"
     config.write_text(
         "engine: {name: llama31, control: systemd, unit: vllm-llama31.service, command: [vllm, serve, m]}\n"
         f"policies: []\nstate_dir: {tmp_path / 'state'}\n"
     )
-    done = _tunerd("run", "--config", str(config), "--ticks", "1")
+    done = _tunerd("config", "check", "--config", str(config))
     assert done.returncode == 2, done.stderr
-    assert "engine llama31: control: systemd is not built yet (docs/systemd-mode.md)" in done.stderr
+    assert (
+        "tunerd.yaml:1: engines[0].command: systemd control: the command is the unit's ExecStart"
+        in done.stderr
+    )
     assert "Traceback" not in done.stderr

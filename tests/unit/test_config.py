@@ -95,10 +95,14 @@ def test_every_problem_is_located() -> None:
 
 
 def test_systemd_control_needs_a_unit_and_engines_are_required() -> None:
-    assert any(
-        "unit: systemd control needs" in p
-        for p in _problems("engine: {name: a, control: systemd, command: [x]}\n")
+    problems = _problems("engine: {name: a, control: systemd, command: [x], env: {A: b}}\n")
+    assert any("unit: systemd control needs" in p for p in problems)
+    assert any("command: systemd control: the command is the unit's ExecStart" in p for p in problems)
+    assert any("env: systemd control: set the environment in the unit" in p for p in problems)
+    assert (
+        load_config("c.yaml", "engine: {name: a, control: systemd, unit: vllm-a.service}\n").engines[0].unit
     )
+    assert any("command: the engine's argv list" in p for p in _problems("engine: {name: a}\n"))
     assert any("engines" in p for p in _problems("mode: act\n"))
     assert any("not both" in p for p in _problems("engine: {name: a, command: [x]}\nengines: []\n"))
 

@@ -39,6 +39,7 @@ __all__ = [
     "HookResult",
     "Identity",
     "ProcessError",
+    "ProcessRunner",
     "StopResult",
     "engine_environment",
     "find_by_argv",
@@ -324,6 +325,9 @@ class EngineProcess:
     def members(self) -> list[int]:
         return group_members(self.pid)
 
+    def close(self) -> None:
+        """Nothing to let go of: the engine outlives tunerd by design."""
+
     # -- stopping ----------------------------------------------------------------------------
     def terminate(self) -> None:
         """SIGTERM to the main process only: vLLM drains, then stops its engine core."""
@@ -385,3 +389,29 @@ class EngineProcess:
         with self.log_path.open("r+b") as handle:
             handle.truncate(0)
         return True
+
+
+class ProcessRunner:
+    """How the saga starts and finds a supervised engine: tunerd's own child, found again by
+    its identity, its argv or the port it listens on."""
+
+    waits_for_room = True  # the old engine is gone before the spawn: wait for its memory
+
+    def __init__(self, log_path: Path, env: Mapping[str, str], clock: Clock = SYSTEM_CLOCK) -> None:
+        self.log_path = log_path
+        self.env = env
+        self.clock = clock
+
+    def spawn(self, argv: Sequence[str]) -> EngineProcess:
+        return EngineProcess.spawn(argv, self.log_path, env=self.env, clock=self.clock)
+
+    def adopt(self, identity: Identity) -> EngineProcess | None:
+        return EngineProcess.adopt(identity, self.log_path, self.clock)
+
+    def find_new(self, argv: Sequence[str]) -> EngineProcess | None:
+        identity = find_by_argv(argv)
+        return None if identity is None else EngineProcess(identity, self.log_path, None, self.clock)
+
+    def listener(self, port: int) -> EngineProcess | None:
+        identity = find_listener(port)
+        return None if identity is None else EngineProcess.adopt(identity, self.log_path, self.clock)

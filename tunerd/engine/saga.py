@@ -31,10 +31,10 @@ before a restart is asked for (the daemon). Not yet here: probation by traffic, 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
@@ -47,23 +47,48 @@ from tunerd.engine.guards import (
     is_crash_loop,
     may_change,
 )
-from tunerd.engine.process import (
-    EngineProcess,
-    Identity,
-    ProcessError,
-    find_by_argv,
-    find_listener,
-    run_hook,
-)
+from tunerd.engine.process import Identity, ProcessError, ProcessRunner, StopResult, run_hook
 from tunerd.sources.engine_log import LogDiagnoser, LogDiagnosis
 from tunerd.sources.vllm_metrics import MetricsClient
 from tunerd.state import State
 from tunerd.tune import changes
 
-__all__ = ["STEPS", "EngineSpec", "RestartResult", "Supervisor"]
+__all__ = ["STEPS", "Engine", "EngineSpec", "RestartResult", "Runner", "Supervisor"]
 
 STEPS = ("intent", "stopping", "starting", "verifying", "probation")
 _POLL_S = 0.2
+
+
+class Engine(Protocol):
+    """One run of the engine: a supervised process (:class:`~tunerd.engine.process.EngineProcess`)
+    or a unit's main process (:class:`~tunerd.engine.unit.UnitEngine`)."""
+
+    identity: Identity
+    log_path: Path  # its output, where the log diagnosis reads it
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def alive(self) -> bool: ...
+    def members(self) -> list[int]: ...
+    def stop(self, timeout: float) -> StopResult: ...
+    def close(self) -> None: ...
+
+
+class Runner(Protocol):
+    """How engines are started and found again: supervise mode's
+    :class:`~tunerd.engine.process.ProcessRunner` or systemd mode's
+    :class:`~tunerd.engine.unit.SystemdRunner`. ``argv`` is what :meth:`EngineSpec.argv` gives:
+    the whole command in supervise mode, the flags alone in systemd mode (the unit has the
+    command)."""
+
+    waits_for_room: bool  # wait for the GPU memory between the stop and the start
+
+    def spawn(self, argv: Sequence[str]) -> Engine: ...
+    def adopt(self, identity: Identity) -> Engine | None: ...
+    def find_new(self, argv: Sequence[str]) -> Engine | None: ...
+    def listener(self, port: int) -> Engine | None: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +123,7 @@ class _StartFailed(Exception):
     pass
 
 
-def diagnosis_tail(process: EngineProcess, lines: int = 20) -> list[str]:
+def diagnosis_tail(process: Engine, lines: int = 20) -> list[str]:
     """The last lines of the engine's log: the evidence a person reads first."""
     try:
         return process.log_path.read_text(errors="replace").splitlines()[-lines:]
@@ -124,6 +149,7 @@ class Supervisor:
         guards: GuardConfig | None = None,
         client: MetricsClient | None = None,
         room: Callable[[Mapping[str, Any]], str | None] | None = None,
+        runner: Runner | None = None,
     ) -> None:
         self.guards = guards or GuardConfig()
         self._owns_client = client is None
@@ -133,7 +159,8 @@ class Supervisor:
         self.clock = clock
         self.on_step = on_step or (lambda step: None)
         self.room = room or (lambda settings: None)  # why the GPU lacks memory for settings
-        self.process: EngineProcess | None = None
+        self.runner = runner or ProcessRunner(spec.log_path, spec.env, clock)
+        self.process: Engine | None = None
         self._crash: dict[str, Any] | None = None  # the dead process's diagnosis, once
         self.next_restart_at: float | None = None  # a held engine's backoff, on the clock's now()
         self._held_attempts = 0
@@ -150,6 +177,8 @@ class Supervisor:
         return self.client.health() == 200
 
     def close(self) -> None:
+        if self.process is not None:
+            self.process.close()
         if self._owns_client:
             self.client.close()
 
@@ -346,11 +375,12 @@ class Supervisor:
         """Spawn the engine with ``version``'s settings; record its identity; return the
         monotonic time it was started at."""
         settings = self.state.version(version).settings
-        self._wait_for_room(settings)
+        if self.runner.waits_for_room:
+            self._wait_for_room(settings)
         argv = self.spec.argv(settings)
         started = self.clock.monotonic()
         try:
-            process = EngineProcess.spawn(argv, self.spec.log_path, env=self.spec.env, clock=self.clock)
+            process = self.runner.spawn(argv)
         except ProcessError as error:
             raise _StartFailed(str(error)) from None
         self.on_step("spawned")
@@ -366,7 +396,9 @@ class Supervisor:
                 raise _StartFailed(f"GPU memory still short after {self.spec.gpu_wait_seconds:g} s: {short}")
             self.clock.sleep(1.0)
 
-    def _record(self, process: EngineProcess, version: int) -> None:
+    def _record(self, process: Engine, version: int) -> None:
+        if self.process is not None and self.process is not process:
+            self.process.close()
         self.process = process
         self._crash = None
         identity = process.identity
@@ -401,7 +433,7 @@ class Supervisor:
                 raise _StartFailed(f"not healthy after {self._timeout(version):g} s")
             self.clock.sleep(_POLL_S)
 
-    def _diagnose(self, process: EngineProcess) -> LogDiagnosis:
+    def _diagnose(self, process: Engine) -> LogDiagnosis:
         try:
             lines = process.log_path.read_text(errors="replace").splitlines()
         except OSError:
@@ -419,12 +451,12 @@ class Supervisor:
                 raise _StartFailed(f"crashed in probation ({crash.kind if crash else 'no failure text'})")
             self.clock.sleep(_POLL_S)
 
-    def _adopt_recorded(self) -> EngineProcess | None:
+    def _adopt_recorded(self) -> Engine | None:
         record = self.state.engine(self.spec.name)
         if record is None or record.pid is None or record.pid_start is None:
             return None
         identity = Identity(record.pid, int(record.pid_start), tuple(record.argv or ()))
-        return EngineProcess.adopt(identity, self.spec.log_path, self.clock)
+        return self.runner.adopt(identity)
 
     # -- guards and crashes ---------------------------------------------------------------------
     def facts(self) -> EngineFacts:
@@ -603,12 +635,13 @@ class Supervisor:
         port = urlsplit(self.spec.url).port
         if record is None or record.running is None or port is None:
             return None
-        identity = find_listener(port)
-        if identity is None or identity.argv == tuple(record.argv or ()):
-            return None
-        process = EngineProcess.adopt(identity, self.spec.log_path, self.clock)
+        process = self.runner.listener(port)
         if process is None:
             return None
+        identity = process.identity
+        if identity.argv == tuple(record.argv or ()):  # ours, under a new PID: nothing changed
+            self._record(process, record.running)
+            return f"adopted pid {identity.pid} (the recorded settings)"
         now = self.clock.now()
         before = self.state.version(record.running).settings
         theirs = settings_from_argv(identity.argv)
@@ -668,6 +701,5 @@ class Supervisor:
         result = self._from_step(step, action, old, new)
         return f"finished an interrupted restart from '{step}': {result.outcome}"
 
-    def _find_new(self, version: int) -> EngineProcess | None:
-        identity = find_by_argv(self.spec.argv(self.state.version(version).settings))
-        return None if identity is None else EngineProcess(identity, self.spec.log_path, None, self.clock)
+    def _find_new(self, version: int) -> Engine | None:
+        return self.runner.find_new(self.spec.argv(self.state.version(version).settings))

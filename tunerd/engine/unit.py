@@ -1,0 +1,252 @@
+"""systemd mode's engine: a unit tunerd restarts but does not own (DESIGN §4.9).
+
+The engine's unit ends its ``ExecStart`` in ``$TUNERD_ARGS`` and reads
+``EnvironmentFile=-STATE_DIR/engines/NAME.env``; tunerd writes that file atomically (a temporary
+file in the same folder, fsync, rename) with the flags for the new settings, then runs
+``systemctl restart UNIT`` — one call, an argv list, no shell, no drop-in, no
+``daemon-reload``. systemd then stops the old engine as the unit says (``KillMode=mixed``:
+SIGTERM to the main process, so vLLM drains; SIGKILL to the rest after ``TimeoutStopSec``) and
+starts the new one. ``systemctl restart`` returns once the new main process runs.
+
+What tunerd reads back:
+
+- ``systemctl show UNIT -p …``: ``MainPID``, ``ActiveState``, ``ExecMainCode`` and
+  ``ExecMainStatus`` (how the last main process ended) and ``InvocationID`` (systemd ≥ 232 gives
+  each start its own);
+- the engine's output from ``journalctl -u UNIT _SYSTEMD_INVOCATION_ID=ID -f -o cat``, copied
+  into ``STATE_DIR/engines/NAME.log`` (rotated per start) so the same log diagnosis reads it as
+  in supervise mode. The invocation match keeps the old engine's last lines out of the new
+  engine's log.
+
+Whether the engine lives is read from ``/proc`` (its main PID and that PID's start time), as in
+supervise mode — cheap enough to poll; ``systemctl show`` is asked only for the exit status.
+The stop is part of the restart, so :meth:`UnitEngine.stop` does nothing but wait for a main
+process that is already going; tunerd never stops a unit on its own.
+
+Linux only, like supervise mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from tunerd.clock import SYSTEM_CLOCK, Clock
+from tunerd.engine.process import Identity, ProcessError, StopResult, group_members, read_identity, rotate
+
+__all__ = ["SystemdRunner", "UnitEngine", "env_file_text", "parse_show"]
+
+_SHOW = ("MainPID", "ActiveState", "SubState", "ExecMainCode", "ExecMainStatus", "InvocationID")
+_CALL_TIMEOUT_S = 30.0
+# systemd's CLD_* codes in ExecMainCode: how the main process ended
+_EXITED, _KILLED, _DUMPED = 1, 2, 3
+
+
+def env_file_text(flags: Sequence[str]) -> str:
+    """The environment file for ``flags``: one ``TUNERD_ARGS="…"`` line. systemd splits an
+    unbraced ``$TUNERD_ARGS`` in ``ExecStart`` at whitespace, so no flag value may hold any, nor
+    a quote or backslash (the allowlisted tunables never do)."""
+    for flag in flags:
+        if not flag or any(char.isspace() or char in "\"'\\$" for char in flag):
+            raise ProcessError(f"cannot pass {flag!r} through $TUNERD_ARGS (whitespace, quotes or $)")
+    header = "# written by tunerd: the flags for this engine's unit ($TUNERD_ARGS)\n"
+    return header + f'TUNERD_ARGS="{" ".join(flags)}"\n'
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """``systemctl show``'s ``Key=Value`` lines as a mapping."""
+    found = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            found[key.strip()] = value.strip()
+    return found
+
+
+class SystemdRunner:
+    """Restarts and reads one unit with ``systemctl`` and ``journalctl`` from ``PATH``."""
+
+    waits_for_room = False  # the old engine still holds its memory until systemd stops it
+
+    def __init__(self, unit: str, env_path: Path, log_path: Path, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.unit = unit
+        self.env_path = env_path
+        self.log_path = log_path
+        self.clock = clock
+
+    # -- systemctl ----------------------------------------------------------------------------
+    def _systemctl(self, *args: str) -> str:
+        argv = ["systemctl", *args]
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=_CALL_TIMEOUT_S,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise ProcessError(f"{shlex.join(argv)}: {error}") from None
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            raise ProcessError(
+                f"{shlex.join(argv)} exited {done.returncode}: {said[-1] if said else 'no output'}"
+            )
+        return done.stdout
+
+    def show(self) -> dict[str, str]:
+        args = [arg for prop in _SHOW for arg in ("-p", prop)]
+        return parse_show(self._systemctl("show", self.unit, *args))
+
+    def env_flags(self) -> tuple[str, ...] | None:
+        """The flags the environment file holds now (None without one)."""
+        try:
+            text = self.env_path.read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("TUNERD_ARGS="):
+                return tuple(line.removeprefix("TUNERD_ARGS=").strip('"').split())
+        return None
+
+    def write_env(self, flags: Sequence[str]) -> None:
+        """Replace the environment file atomically: a reader sees the old file or the new one."""
+        text = env_file_text(flags)
+        self.env_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{self.env_path.name}.", dir=self.env_path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, self.env_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        directory = os.open(self.env_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    # -- what the supervisor asks -----------------------------------------------------------------
+    def spawn(self, flags: Sequence[str]) -> UnitEngine:
+        """Write the flags, ``systemctl restart`` the unit (systemd stops the old engine first),
+        and follow the new engine's output."""
+        self.write_env(flags)
+        self._systemctl("restart", self.unit)
+        main = self._main()
+        if main is None:
+            shown = self.show()
+            raise ProcessError(
+                f"{self.unit} did not stay up after systemctl restart "
+                f"(ActiveState={shown.get('ActiveState')}, ExecMainStatus={shown.get('ExecMainStatus')})"
+            )
+        return self._engine(*main)
+
+    def _main(self) -> tuple[Identity, str] | None:
+        """The unit's running main process and its invocation, or None."""
+        shown = self.show()
+        pid = int(shown.get("MainPID") or 0)
+        live = read_identity(pid) if pid else None
+        if live is None:
+            return None
+        # its argv, as tunerd compares them: the flags it was given (the rest is the unit's)
+        return Identity(live.pid, live.start_ticks, self.env_flags() or ()), shown.get("InvocationID", "")
+
+    def _engine(self, identity: Identity, invocation: str) -> UnitEngine:
+        rotate(self.log_path, 5)  # the copy of this run's journal starts a fresh log
+        return UnitEngine(self, identity, invocation, self.clock)
+
+    def adopt(self, identity: Identity) -> UnitEngine | None:
+        """The unit's engine, if it is still the very process ``identity`` names."""
+        main = self._main()
+        if main is None or (main[0].pid, main[0].start_ticks) != (identity.pid, identity.start_ticks):
+            return None
+        return self._engine(*main)
+
+    def listener(self, port: int) -> UnitEngine | None:
+        """Whatever the unit runs now: after a ``systemctl restart`` by a person, the engine the
+        recorded PID named is gone and this one serves."""
+        main = self._main()
+        return None if main is None else self._engine(*main)
+
+    def find_new(self, flags: Sequence[str]) -> UnitEngine | None:
+        """After an interrupted restart: the unit runs and its environment file holds ``flags``
+        (so the running engine was started with them, or is being)."""
+        if self.env_flags() != tuple(flags):
+            return None
+        main = self._main()
+        return None if main is None else self._engine(*main)
+
+
+class UnitEngine:
+    """One run of the unit's main process (one ``InvocationID``)."""
+
+    def __init__(self, runner: SystemdRunner, identity: Identity, invocation: str, clock: Clock) -> None:
+        self.runner = runner
+        self.identity = identity
+        self.invocation = invocation
+        self.log_path = runner.log_path
+        self._clock = clock
+        self._returncode: int | None = None
+        self._follower = self._follow()
+
+    @property
+    def pid(self) -> int:
+        return self.identity.pid
+
+    def _follow(self) -> subprocess.Popen[bytes] | None:
+        argv = ["journalctl", "-u", self.runner.unit, "-f", "-o", "cat", "--no-pager"]
+        if self.invocation:
+            argv.append(f"_SYSTEMD_INVOCATION_ID={self.invocation}")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.DEVNULL)
+        except OSError:
+            return None  # no journal to read: the saga still verifies by /health, without the log
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Stop copying the journal (the engine itself is systemd's)."""
+        if self._follower is not None and self._follower.poll() is None:
+            self._follower.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._follower.wait(timeout=5)
+        self._follower = None
+
+    def alive(self) -> bool:
+        live = read_identity(self.pid)
+        return live is not None and live.start_ticks == self.identity.start_ticks
+
+    @property
+    def returncode(self) -> int | None:
+        """How the main process ended, from systemd (negative: killed by that signal); None
+        while it runs."""
+        if self._returncode is None and not self.alive():
+            with contextlib.suppress(ProcessError):
+                shown = self.runner.show()
+                if shown.get("InvocationID", self.invocation) == self.invocation:
+                    code, status = int(shown.get("ExecMainCode") or 0), int(shown.get("ExecMainStatus") or 0)
+                    self._returncode = -status if code in (_KILLED, _DUMPED) else status
+        return self._returncode
+
+    def members(self) -> list[int]:
+        return group_members(self.pid)  # systemd starts a service's main process in its own session
+
+    def stop(self, timeout: float) -> StopResult:
+        """Nothing to do now: ``systemctl restart`` stops the engine as the unit says (drain,
+        then SIGKILL after ``TimeoutStopSec``). Stops the journal copy."""
+        self.close()
+        return StopResult("deferred", 0.0, None)
