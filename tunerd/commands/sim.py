@@ -9,6 +9,7 @@ and ``--seed`` describe the simulated world.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -16,6 +17,7 @@ from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positiv
 from tunerd.planner.bills import WEIGHT_FORMATS
 from tunerd.planner.gpus import GPU_PROFILES, custom_gpu, gpu_profile
 from tunerd.planner.shapes import ModelShape, builtin_model, load_model_config, shape_from_config
+from tunerd.sim.board import GpuBoard
 from tunerd.sim.engine import EngineSettings, Neighbour, SimEngine, SimGpu
 from tunerd.sim.load import LoadOptions, run_load
 from tunerd.sim.server import ServeOptions, SimClock, SimServer
@@ -151,6 +153,11 @@ def _add_serve(commands: argparse._SubParsersAction[Parser]) -> None:
     sim.add_argument("--sim-weights", choices=WEIGHT_FORMATS, help="how the weights are stored")
     sim.add_argument("--sim-neighbor", action="append", type=_neighbour_spec, default=[], metavar="SPEC")
     sim.add_argument(
+        "--sim-gpu-share",
+        metavar="FILE",
+        help="one simulated card for every engine started with the same FILE: each sees what the others hold",
+    )
+    sim.add_argument(
         "--sim-display", type=_size, help=f"display server memory (consumer cards: {DISPLAY_NEIGHBOUR})"
     )
     sim.add_argument("--sim-drift", type=_rate, default=0.0, metavar="RATE", help="a leak, e.g. 0.2GiB/h")
@@ -268,7 +275,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         startup_seconds=args.sim_startup_seconds,
         non_default_args=explicit,
     )
-    server = SimServer(factory, options, clock)
+    board = GpuBoard(args.sim_gpu_share, os.getpid()) if args.sim_gpu_share else None
+    server = SimServer(factory, options, clock, board=board, gpu=gpu)
     return server.run()
 
 

@@ -125,6 +125,7 @@ class SimGpu:
 
     profile: GpuProfile
     neighbours: list[Neighbour] = field(default_factory=list)
+    peers: list[Neighbour] = field(default_factory=list)  # other simulated engines on this card
     index: int = 0
     uuid: str = "GPU-5e1a7ed0-0000-4000-8000-000000000000"
 
@@ -145,7 +146,7 @@ class SimGpu:
         engine already holds (its own allocations would fail first)."""
         room = self.cuda_total_bytes - engine_bytes
         held = []
-        for neighbour in self.neighbours:
+        for neighbour in [*self.peers, *self.neighbours]:  # engines first: they hold what they took
             amount = max(0, min(neighbour.wanted(now), room))
             room -= amount
             held.append((neighbour, amount))

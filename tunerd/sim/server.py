@@ -30,7 +30,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tunerd.planner.bills import VLLM_KV_DTYPE
-from tunerd.sim.engine import CudaOutOfMemory, Request, SimEngine, StartupFailure
+from tunerd.sim.board import GpuBoard
+from tunerd.sim.engine import CudaOutOfMemory, Neighbour, Request, SimEngine, SimGpu, StartupFailure
 from tunerd.sim.logtext import VLLM_VERSION, LogFormat, gib, oom_lines, startup_failure_lines
 
 __all__ = ["ServeOptions", "SimClock", "SimServer"]
@@ -84,6 +85,7 @@ REQUEST_BUCKETS = (
     7680.0,
 )
 STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL, in simulated seconds
+BOARD_INTERVAL_S = 0.05  # how often a shared card's board is read and written (wall seconds)
 DEATH_LINGER_S = 5.0  # the API server's watchdog notices a dead engine within 5 s
 
 
@@ -181,8 +183,13 @@ class SimServer:
         options: ServeOptions,
         clock: SimClock,
         log_stream: IO[str] = sys.stderr,
+        *,
+        board: GpuBoard | None = None,
+        gpu: SimGpu | None = None,
     ) -> None:
         self._engine_factory = engine_factory
+        self._board = board  # a card shared with other simulated engines (with ``gpu``)
+        self._gpu = gpu
         self.options = options
         self.clock = clock
         self.pid = os.getpid()
@@ -459,6 +466,31 @@ class SimServer:
         """Start (or fail like vLLM), serve until death or SIGTERM; the process exit code."""
         signal.signal(signal.SIGTERM, lambda *_: self.drain())
         signal.signal(signal.SIGINT, lambda *_: self.drain())
+        if self._board is None:
+            return self._run()
+        self._share()  # the start-up check sees the other engines on the card
+        threading.Thread(target=self._share_loop, name="tunerd-sim-board", daemon=True).start()
+        try:
+            return self._run()
+        finally:
+            self._stopping.set()
+            self._board.leave()
+
+    def _share(self) -> None:
+        """Post what this engine holds on the shared card; take in what the others hold."""
+        assert self._board is not None
+        assert self._gpu is not None
+        with self.lock:
+            mine = self.engine.engine_bytes() if self.engine is not None else 0
+        held = self._board.exchange(mine)
+        with self.lock:
+            self._gpu.peers = [Neighbour(pid, "python3", size) for pid, size in sorted(held.items())]
+
+    def _share_loop(self) -> None:
+        while not self._stopping.wait(BOARD_INTERVAL_S):
+            self._share()
+
+    def _run(self) -> int:
         started = self._start()
         if self._stopping.is_set():  # SIGTERM during start-up: a clean stop
             self.emit(self.log.line("[shutdown] API server: shutdown triggered", source="launcher.py:254"))
