@@ -150,6 +150,9 @@ class Daemon:
     def start(self) -> None:
         """Reconcile every engine with its state; start the ones tunerd never started."""
         for loop in self.engines:
+            if isinstance(loop.supervisor.runner, SystemdRunner):
+                for problem in loop.supervisor.runner.problems(loop.config.drain):
+                    self.say("unit_problem", engine=loop.config.name, problem=problem)
             done = loop.supervisor.reconcile()
             if done == "no engine recorded":
                 result = loop.supervisor.start_initial(loop.config.settings)

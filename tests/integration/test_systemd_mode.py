@@ -103,8 +103,12 @@ class Box:
     def env_path(self) -> Path:
         return self.state_dir / "engines" / "main.env"
 
-    def daemon(self) -> Daemon:
-        return Daemon(load_config(self.config), gpu=NoGpuSource(), say=lambda *a, **k: None)
+    def daemon(self, said: list[dict[str, object]] | None = None) -> Daemon:
+        def say(event: str, **fields: object) -> None:
+            if said is not None:
+                said.append({"event": event, **fields})
+
+        return Daemon(load_config(self.config), gpu=NoGpuSource(), say=say)
 
     def calls(self) -> list[str]:
         return (self.root / "calls.log").read_text().splitlines()
@@ -247,5 +251,27 @@ def test_a_new_tunerd_adopts_the_units_engine_and_a_crash_restarts_the_unit(satu
         assert crash["outcome"] == "succeeded", crash
         assert "engine crashed" in crash["reason"]
         assert crash["evidence"]["crash"]["exit_code"] == -signal.SIGKILL
+    finally:
+        daemon.close()
+
+
+def test_a_unit_that_would_undo_the_drain_is_called_out_at_start(saturation_box: Box) -> None:
+    box = saturation_box
+    unit = box.root / "units" / UNIT
+    unit.write_text(
+        unit.read_text().replace("KillMode=mixed\n", "").replace("TimeoutStopSec=60", "TimeoutStopSec=45")
+    )
+    said: list[dict[str, object]] = []
+    daemon = box.daemon(said)
+    try:
+        daemon.start()
+        problems = [str(e["problem"]) for e in said if e["event"] == "unit_problem"]
+        assert problems == [
+            f"{UNIT}: KillMode=control-group signals vLLM's engine core directly and aborts the drain; "
+            "set KillMode=mixed",
+            f"{UNIT}: TimeoutStopSec=45s is shorter than the drain (30s) + 30s: systemd would kill "
+            "requests vLLM is still finishing",
+        ]
+        assert daemon.engines[0].supervisor.healthy()  # said, not refused: the engine still starts
     finally:
         daemon.close()

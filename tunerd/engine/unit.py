@@ -29,7 +29,9 @@ Linux only, like supervise mode.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -40,8 +42,11 @@ from pathlib import Path
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.engine.process import Identity, ProcessError, StopResult, group_members, read_identity, rotate
 
-__all__ = ["SystemdRunner", "UnitEngine", "env_file_text", "parse_show"]
+__all__ = ["SystemdRunner", "UnitEngine", "env_file_text", "parse_show", "parse_timespan", "unit_problems"]
 
+_UNIT_SHOW = ("LoadState", "KillMode", "Restart", "TimeoutStopUSec")
+_TIMESPAN = re.compile(r"(\d+(?:\.\d+)?)\s*(us|ms|s|min|h|d|w)?")
+_UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _SHOW = ("MainPID", "ActiveState", "SubState", "ExecMainCode", "ExecMainStatus", "InvocationID")
 _CALL_TIMEOUT_S = 30.0
 # systemd's CLD_* codes in ExecMainCode: how the main process ended
@@ -67,6 +72,44 @@ def parse_show(text: str) -> dict[str, str]:
         if sep:
             found[key.strip()] = value.strip()
     return found
+
+
+def parse_timespan(text: str) -> float | None:
+    """Seconds in a time span as ``systemctl show`` prints it (``1min 30s``, ``2.500000s``,
+    ``infinity``); None if it is not one."""
+    text = text.strip()
+    if text == "infinity":
+        return math.inf
+    parts = _TIMESPAN.findall(text)
+    if not parts or _TIMESPAN.sub("", text).strip():
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit or "s"] for number, unit in parts)
+
+
+def unit_problems(unit: str, shown: dict[str, str], drain: float) -> list[str]:
+    """What in the unit would undo tunerd's restarts (DESIGN §4.9), from ``systemctl show``."""
+    if shown.get("LoadState", "loaded") != "loaded":
+        return [
+            f"{unit}: LoadState={shown.get('LoadState')}: systemd has no such unit (systemctl cat {unit})"
+        ]
+    problems = []
+    if shown.get("KillMode", "mixed") != "mixed":
+        problems.append(
+            f"{unit}: KillMode={shown['KillMode']} signals vLLM's engine core directly and aborts the "
+            "drain; set KillMode=mixed"
+        )
+    if shown.get("Restart", "no") != "no":
+        problems.append(
+            f"{unit}: Restart={shown['Restart']} lets systemd restart the engine behind tunerd's guards; "
+            "set Restart=no"
+        )
+    stop = parse_timespan(shown.get("TimeoutStopUSec", "infinity"))
+    if stop is not None and stop < drain + 30:
+        problems.append(
+            f"{unit}: TimeoutStopSec={stop:g}s is shorter than the drain ({drain:g}s) + 30s: systemd "
+            "would kill requests vLLM is still finishing"
+        )
+    return problems
 
 
 class SystemdRunner:
@@ -101,9 +144,16 @@ class SystemdRunner:
             )
         return done.stdout
 
-    def show(self) -> dict[str, str]:
-        args = [arg for prop in _SHOW for arg in ("-p", prop)]
+    def show(self, properties: Sequence[str] = _SHOW) -> dict[str, str]:
+        args = [arg for prop in properties for arg in ("-p", prop)]
         return parse_show(self._systemctl("show", self.unit, *args))
+
+    def problems(self, drain: float) -> list[str]:
+        """The unit's settings that would undo tunerd's restarts (empty: none)."""
+        try:
+            return unit_problems(self.unit, self.show(_UNIT_SHOW), drain)
+        except ProcessError as error:
+            return [str(error)]
 
     def env_flags(self) -> tuple[str, ...] | None:
         """The flags the environment file holds now (None without one)."""

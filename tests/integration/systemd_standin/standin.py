@@ -89,6 +89,25 @@ def _unit(unit: str) -> dict[str, str]:
     return service
 
 
+def _unit_properties(unit: str) -> dict[str, Any]:
+    """What ``systemctl show`` says of the unit file itself (systemd's defaults where unset);
+    a unit that does not exist shows ``LoadState=not-found``, as systemctl does (exit 0)."""
+    if not (ROOT / "units" / unit).exists():
+        return {"LoadState": "not-found"}
+    service = _unit(unit)
+    stop = _seconds(service.get("TimeoutStopSec", ""), 90.0)
+    minutes, seconds = divmod(int(stop), 60)
+    span = " ".join(
+        part for part in (f"{minutes}min" if minutes else "", f"{seconds}s" if seconds else "") if part
+    )
+    return {
+        "LoadState": "loaded",
+        "KillMode": service.get("KillMode", "control-group"),
+        "Restart": service.get("Restart", "no"),
+        "TimeoutStopUSec": span or "0",
+    }
+
+
 def _environment(service: dict[str, str]) -> dict[str, str]:
     found: dict[str, str] = {}
     path = service.get("EnvironmentFile", "")
@@ -258,7 +277,7 @@ def systemctl(args: list[str]) -> int:
                 props += next(it).split(",")
             elif arg.startswith("--property="):
                 props += arg.removeprefix("--property=").split(",")
-        state = _read_state(unit)
+        state = {**_read_state(unit), **_unit_properties(unit)}
         if state["MainPID"] and not _alive(int(state["MainPID"])):  # between exit and the record
             state = {**state, "ActiveState": "deactivating"}
         for prop in props or list(state):
