@@ -23,6 +23,7 @@ from tunerd.yamlfile import Problem, YamlError, load_yaml, located
 __all__ = ["DEFAULT_CONFIG", "Config", "ConfigError", "EngineConfig", "load_config"]
 
 DEFAULT_CONFIG = "/etc/tunerd/tunerd.yaml"
+RUN_DIR = Path("/run/tunerd")
 HOOKS = ("pre_stop", "post_start")
 
 
@@ -99,6 +100,16 @@ class Config(_Strict):
     state_dir: str = "/var/lib/tunerd"
     listen: dict[str, str] = Field(default_factory=dict)
     source_file: str = ""
+
+    def status_socket(self) -> Path:
+        """Where the status API listens: ``listen.status``; else ``/run/tunerd/tunerd.sock``
+        when that folder exists (systemd's ``RuntimeDirectory=`` makes it); else
+        ``STATE_DIR/tunerd.sock``. ``tunerd status`` finds it by the same rule."""
+        if "status" in self.listen:
+            return Path(self.listen["status"])
+        if RUN_DIR.is_dir():
+            return RUN_DIR / "tunerd.sock"
+        return Path(self.state_dir) / "tunerd.sock"
 
     def policy_files(self) -> list[Path]:
         """The policy globs, relative to the config file's folder, sorted and de-duplicated."""

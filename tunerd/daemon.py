@@ -34,20 +34,46 @@ from typing import Any
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, EngineConfig
 from tunerd.engine.args import engine_argv, settings_to_args
-from tunerd.engine.guards import GuardConfig, is_quiet, shared_gpu_refusal
+from tunerd.engine.guards import GuardConfig, budget, is_quiet, shared_gpu_refusal
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
 from tunerd.policy.schema import Policy, load_policy_files
-from tunerd.signals import ENGINE_METRIC_SIGNALS, engine_gpus, engine_memory, gpu_room, gpu_signals
+from tunerd.sampler import Sampler
+from tunerd.sdnotify import Notifier
+from tunerd.signals import (
+    ENGINE_METRIC_SIGNALS,
+    EngineMemory,
+    engine_gpus,
+    engine_memory,
+    gpu_room,
+    gpu_signals,
+)
+from tunerd.sources.engine_log import LogDiagnosis
 from tunerd.sources.gpu import GpuReading, GpuSource
 from tunerd.sources.select import gpu_source
-from tunerd.sources.vllm_metrics import MetricsClient, ScrapeError, parse
+from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse
 from tunerd.state import HostLock, State
+from tunerd.status import bills, engine_state
+from tunerd.status_server import StatusServer
 from tunerd.store import Event, Store
 from tunerd.tune import changes
 
 __all__ = ["Daemon", "EngineLoop"]
+
+_GIB = 1 << 30
+
+
+def _bytes(gib: float | None) -> int | None:
+    return None if gib is None else round(gib * _GIB)
+
+
+def _metrics_fields(snapshot: MetricsSnapshot | None) -> dict[str, Any] | None:
+    """DESIGN §4.3's fields of the last page (without the per-engine breakdown)."""
+    if snapshot is None:
+        return None
+    return {key: value for key, value in snapshot.to_dict().items() if key not in ("engines", "cache_config")}
+
 
 DEATH_POLL_S = 0.05  # how often the wait between ticks looks for a dead engine (a waitpid or a /proc read)
 FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
@@ -71,6 +97,10 @@ class EngineLoop:
     engine_pids: set[int] = field(default_factory=set)  # as last seen alive: the OOM text lists them too
     said: list[str] = field(default_factory=list)
     waiting: tuple[ActionPlan, float] | None = None  # a quiet restart and since when it waits
+    snapshot: MetricsSnapshot | None = None  # the last /metrics page that parsed
+    healthy: bool = False  # the last scrape answered
+    memory: EngineMemory | None = None  # on its worst GPU, at the last tick
+    figures: tuple[int, LogDiagnosis] | None = None  # (pid, its start-up figures from the log)
 
 
 class Daemon:
@@ -81,8 +111,10 @@ class Daemon:
         clock: Clock = SYSTEM_CLOCK,
         gpu: GpuSource | None = None,
         say: Callable[..., None] = _stderr_json,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
+        self.notifier = notifier or Notifier()  # systemd's, when NOTIFY_SOCKET is set
         self.clock = clock
         self.say = say
         self.policies: list[Policy] = load_policy_files(config.policy_files())
@@ -91,6 +123,11 @@ class Daemon:
         self.state = State.open(config.state_dir)
         self.store = Store.for_retention(6 * 3600, max(config.metrics.interval, 0.25))
         self.gpu = gpu or gpu_source(config.gpu.source, config.gpu.url)
+        self.sampler = Sampler(self.gpu, config.gpu.interval, self.notifier, clock)
+        self._sampling = False
+        self.published: dict[str, Any] | None = None  # what the status API hands out
+        self.status_server = StatusServer(config.status_socket(), lambda: self.published)
+        self._serving = False
         guards = GuardConfig(
             max_restarts=config.guards.max_restarts,
             window=config.guards.window,
@@ -108,11 +145,23 @@ class Daemon:
             self.clock,
             guards=guards,
             client=client,
-            on_step=lambda step: self.say("restart_step", engine=engine.name, step=step, at=self.clock.now()),
+            on_step=lambda step: self._on_step(engine.name, step),
             room=lambda settings: self._gpu_room(engine, settings),
             runner=self._runner(engine),
         )
         return EngineLoop(engine, supervisor, client, new_states(self.policies), now)
+
+    def _on_step(self, engine: str, step: str) -> None:
+        self.say("restart_step", engine=engine, step=step, at=self.clock.now())
+        self.publish()  # `tunerd status` shows the restart while it runs
+
+    def publish(self) -> None:
+        """Build the status the API hands out; a failure is said, never raised: status must
+        not take the loop down."""
+        try:
+            self.published = self.status()
+        except Exception as error:  # reported, and the loop goes on
+            self.say("status_failed", error=f"{type(error).__name__}: {error}")
 
     def _runner(self, engine: EngineConfig) -> Runner | None:
         """systemd mode's unit runner; None: supervise mode's own (the supervisor's default)."""
@@ -148,7 +197,14 @@ class Daemon:
 
     # -- life cycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        """Reconcile every engine with its state; start the ones tunerd never started."""
+        """Reconcile every engine with its state; start the ones tunerd never started. The
+        status API answers from the beginning (starting an engine takes minutes)."""
+        if not self._serving:
+            try:
+                self.status_server.start()
+                self._serving = True
+            except OSError as error:
+                self.say("status_unavailable", socket=str(self.status_server.path), reason=str(error))
         for loop in self.engines:
             if isinstance(loop.supervisor.runner, SystemdRunner):
                 for problem in loop.supervisor.runner.problems(loop.config.drain):
@@ -158,6 +214,7 @@ class Daemon:
                 result = loop.supervisor.start_initial(loop.config.settings)
                 done = f"first start: {result.outcome} ({result.reason})"
             self.say("engine_reconciled", engine=loop.config.name, outcome=done)
+            self.publish()
             if loop.supervisor.adopted_by_hand is not None:
                 self._alert_adopted(loop, loop.supervisor.adopted_by_hand)  # the engine is their word
             else:
@@ -214,13 +271,142 @@ class Daemon:
         crash is handled within :data:`DEATH_POLL_S` rather than a whole interval."""
         stop = stop or threading.Event()
         count = 0
+        if not self._sampling:
+            self.sampler.start()
+            self._sampling = True
+        self.notifier.ready(self.status_line())
         while not stop.is_set() and (ticks is None or count < ticks):
             started = self.clock.monotonic()
             self.tick()
+            self.publish()
+            self.notifier.status(self.status_line())
             count += 1
             deadline = started + self.config.metrics.interval
             while not stop.is_set() and self.clock.monotonic() < deadline and not self._engine_died():
                 self.clock.sleep(min(DEATH_POLL_S, deadline - self.clock.monotonic()))
+        self.notifier.stopping()
+
+    def status(self) -> dict[str, Any]:
+        """DESIGN §4.8's ``tunerd status --json``: live values from the last tick."""
+        now = self.clock.now()
+        reading = self.sampler.latest
+        gpus = [
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "name": gpu.name,
+                "used_bytes": gpu.memory_used_bytes,
+                "total_bytes": gpu.memory_total_bytes,
+                "free_bytes": gpu.memory_free_bytes,
+            }
+            for gpu in (reading.gpus if reading is not None else ())
+        ]
+        free_by_index = {gpu.index: gpu.memory_free_bytes for gpu in (reading.gpus if reading else ())}
+        intents = {intent.engine: intent.step for intent in self.state.intents()}
+        engines = []
+        for loop in self.engines:
+            name = loop.config.name
+            record = self.state.engine(name)
+            supervisor = loop.supervisor
+            process = supervisor.process
+            alive = process is not None and process.alive()
+            figures = self._startup_figures(loop) if alive else None
+            memory = loop.memory
+            weights = kv_pool = None
+            if figures is not None:
+                weights = _bytes(figures.model_loading_gib)
+                kv_pool = _bytes(figures.available_kv_cache_gib)
+            used, budget_left = budget(supervisor.facts(), supervisor.guards, now)
+            lkg = record.last_known_good if record else None
+            engines.append(
+                {
+                    "name": name,
+                    "state": engine_state(
+                        held=bool(record and record.held),
+                        pinned=bool(record and record.pinned),
+                        step=intents.get(name),
+                        alive=alive,
+                        healthy=loop.healthy,
+                        crashed=loop.crash_reported,
+                    ),
+                    "generation": record.generation if record else 0,
+                    "settings": supervisor.running_settings() or dict(loop.config.settings),
+                    "pid": process.pid if process is not None and alive else None,
+                    "healthy": alive and loop.healthy,
+                    "last_known_good": self.state.version(lkg).settings if lkg else None,
+                    "paused": record.paused if record else None,
+                    "bills": bills(
+                        weights=weights,
+                        kv_pool=kv_pool,
+                        engine_bytes=memory.engine_memory_bytes if memory else None,
+                        other_processes=memory.other_processes_memory_bytes if memory else None,
+                        free=free_by_index.get(memory.gpu_index)
+                        if memory and memory.gpu_index is not None
+                        else None,
+                    ),
+                    "metrics": _metrics_fields(loop.snapshot),
+                    "policies": [
+                        {
+                            "name": policy.name,
+                            "state": policy.state,
+                            "since": policy.since,
+                            "health": policy.health,
+                            "last_error": policy.last_error,
+                        }
+                        for policy in loop.policy_states.values()
+                    ],
+                    "guards": {
+                        "restarts_in_window": used,
+                        "budget_left": budget_left,
+                        "held": bool(record and record.held),
+                    },
+                    "last_actions": [
+                        {
+                            key: action[key]
+                            for key in ("id", "time", "kind", "mode", "outcome", "policy", "reason")
+                        }
+                        for action in self.state.history(engine=name, limit=5)
+                    ],
+                }
+            )
+        return {"mode": self.config.mode, "time": now, "gpus": gpus, "engines": engines}
+
+    def _startup_figures(self, loop: EngineLoop) -> LogDiagnosis | None:
+        """The running engine's start-up figures (weights, KV pool) from its log, read once per
+        process: they do not change while it runs."""
+        process = loop.supervisor.process
+        if process is None:
+            return None
+        if loop.figures is None or loop.figures[0] != process.pid:
+            diagnosis = loop.supervisor.diagnose()
+            if diagnosis is None or diagnosis.available_kv_cache_gib is None:
+                return diagnosis  # not started yet: read again next time
+            loop.figures = (process.pid, diagnosis)
+        return loop.figures[1]
+
+    def status_line(self) -> str:
+        """One line for ``systemctl status``: the mode and each engine's state and settings."""
+        parts = []
+        for loop in self.engines:
+            record = self.state.engine(loop.config.name)
+            process = loop.supervisor.process
+            state = (
+                "held"
+                if record and record.held
+                else "pinned"
+                if record and record.pinned
+                else "running"
+                if process is not None and process.alive()
+                else "down"
+            )
+            settings = loop.supervisor.running_settings() or {}
+            seqs = settings.get("max_num_seqs")
+            util = settings.get("gpu_memory_utilization")
+            shown = ", ".join(
+                f"{key} {value:g}" for key, value in (("util", util), ("seqs", seqs)) if value is not None
+            )
+            parts.append(f"{loop.config.name} {state}" + (f" ({shown})" if shown else ""))
+        return f"{self.config.mode}: " + "; ".join(parts)
 
     def _engine_died(self) -> bool:
         """A supervised engine's process is gone and its crash not yet handled."""
@@ -234,6 +420,10 @@ class Daemon:
 
     def close(self) -> None:
         """Stop watching; the engines keep running (they outlive tunerd by design)."""
+        self.sampler.stop()
+        if self._serving:
+            self.status_server.close()
+            self._serving = False
         for loop in self.engines:
             loop.supervisor.close()  # the engine keeps running; a unit's journal copy stops
             loop.metrics.close()
@@ -244,7 +434,8 @@ class Daemon:
     # -- one tick --------------------------------------------------------------------------------
     def tick(self) -> None:
         now = self.clock.now()
-        reading = self.gpu.sample()
+        latest = self.sampler.latest if self._sampling else None
+        reading = latest if latest is not None else self.gpu.sample()
         for loop in self.engines:
             self._tick_engine(loop, reading, now)
 
@@ -261,10 +452,12 @@ class Daemon:
                 snapshot = None
             if snapshot is not None and snapshot.engine_count > 0:
                 up = 1.0
+                loop.snapshot = snapshot
                 for signal in _METRIC_FIELDS:
                     value = getattr(snapshot, signal)
                     self.store.record(signal, name, now, None if value is None else float(value), generation)
         self.store.record("engine_up", name, now, up, generation)
+        loop.healthy = up == 1.0
         gpus = engine_gpus(reading.gpus, loop.config.gpus)
         if gpus:
             worst = max(gpus, key=lambda gpu: gpu.memory_used_bytes or 0)
@@ -274,6 +467,7 @@ class Daemon:
         if pids:
             loop.engine_pids = set(pids)
         memory = engine_memory(gpus, pids, settings.get("gpu_memory_utilization"))
+        loop.memory = memory
         for signal, value in memory.as_signals().items():
             self.store.record(signal, name, now, value, generation)
 

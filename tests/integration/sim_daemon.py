@@ -3,6 +3,7 @@ integration tests that drive the daemon in-process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import yaml
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 from tunerd.sources.gpu import NoGpuSource
+from tunerd.state import State
 
 BEFORE = {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8}
 
@@ -22,6 +24,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def sim_command(port: int, gpu: str = "rtx4090", *extra: str) -> list[str]:
+    """`tunerd sim serve` for the seed's model (Llama 3.1 8B AWQ) on ``gpu``, time ×50, a 10 s
+    start-up (0.2 s of wall time)."""
+    return [
+        sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--time-scale", "50", "--sim-startup-seconds", "10",
+        "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", gpu, *extra,
+    ]  # fmt: skip
 
 
 def sim_daemon(
@@ -36,11 +48,7 @@ def sim_daemon(
     config file; ``policies`` are policy files, ``engine`` adds fields to the engine's block
     (hooks, bounds…)."""
     port = port or free_port()
-    command = [
-        sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--time-scale", "50", "--sim-startup-seconds", "10",
-        "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "rtx4090",
-    ]  # fmt: skip
+    command = sim_command(port)
     config = tmp_path / "tunerd.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -63,6 +71,43 @@ def sim_daemon(
         )
     )
     return Daemon(load_config(config), gpu=NoGpuSource(), say=lambda *a, **k: None)
+
+
+def sim_config(tmp_path: Path, **top: object) -> tuple[Path, str]:
+    """A config file for `tunerd run` over one simulated engine on an RTX 4090 (its GPU read
+    from the simulator), mode advise, no policies unless ``top`` says; (path, engine URL)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = sim_command(port)
+    config = {
+        "engine": {
+            "name": "main",
+            "command": command,
+            "url": url,
+            "settings": BEFORE,
+            "startup_timeout": "30s",
+            "probation": "1s",
+        },
+        "gpu": {"source": "sim", "url": url, "interval": "250ms"},
+        "metrics": {"interval": "2s"},
+        "mode": "advise",
+        "policies": [],
+        "state_dir": str(tmp_path / "state"),
+        **top,
+    }
+    path = tmp_path / "tunerd.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, url
+
+
+def kill_recorded_engine(state_dir: Path, engine: str = "main") -> None:
+    """End the engine a finished test left running (engines outlive tunerd by design)."""
+    state = State.open(state_dir)
+    record = state.engine(engine)
+    state.close()
+    if record is not None and record.pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record.pid, signal.SIGKILL)
 
 
 def close_daemon(daemon: Daemon, kill: bool) -> None:

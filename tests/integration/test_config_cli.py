@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.integration.cli import run_tunerd as _tunerd
+
 ROOT = Path(__file__).parents[2]
-
-
-def _tunerd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tunerd", *args], capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 def test_a_good_config_checks_ok(tmp_path: Path) -> None:

@@ -14,18 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.cli import run_tunerd as _tunerd
 from tests.integration.sim_daemon import BEFORE, close_daemon, free_port, sim_daemon
 from tunerd.engine.guards import may_change
 from tunerd.engine.process import find_listener
 
 pytestmark = pytest.mark.slow
 AFTER = {**BEFORE, "max_num_seqs": 6}
-
-
-def _tunerd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tunerd", *args], capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 def test_rollback_undoes_the_last_change_and_pauses_tuning(tmp_path: Path) -> None:

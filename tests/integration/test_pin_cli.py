@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.integration.cli import run_tunerd as _tunerd
 from tunerd.engine.guards import EngineFacts, GuardConfig, may_change
 from tunerd.state import State
-
-
-def _tunerd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tunerd", *args], capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 def _facts(state_dir: Path) -> EngineFacts:

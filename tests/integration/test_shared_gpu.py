@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.sim_daemon import free_port
+from tests.integration.sim_daemon import free_port, sim_command
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 
@@ -36,12 +35,7 @@ class Card:
         share = tmp_path / "card.json"
         engines = []
         for name in ENGINES:
-            command = [
-                sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1",
-                "--port", str(self.ports[name]), "--time-scale", "50", "--sim-startup-seconds", "10",
-                "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "h100-80g",
-                "--sim-gpu-share", str(share),
-            ]  # fmt: skip
+            command = sim_command(self.ports[name], "h100-80g", "--sim-gpu-share", str(share))
             engines.append(
                 {
                     "name": name,

@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 
 CONTRIB = Path(__file__).parents[2] / "contrib" / "systemd"
+SERVICE = Path(__file__).parents[2] / "systemd"
 UNIT = CONTRIB / "vllm-llama31.service"
 RULE = CONTRIB / "50-tunerd-vllm-llama31.rules"
 
 
-def _service() -> configparser.SectionProxy:
+def _service(path: Path = UNIT) -> configparser.SectionProxy:
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
-    parser.read_string(UNIT.read_text())
+    parser.read_string(path.read_text())
     return parser["Service"]
 
 
@@ -80,3 +81,61 @@ def test_the_polkit_rule_grants_one_unit_to_tunerd_only(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["yes", "yes", "yes", None, None, None]
+
+
+def test_tunerds_own_unit_keeps_what_the_daemon_relies_on() -> None:
+    service = _service(SERVICE / "tunerd.service")
+    assert service["Type"] == "notify"
+    assert int(service["WatchdogSec"]) > 0
+    assert service["KillMode"] == "process"  # supervised engines outlive a tunerd restart
+    assert service["RestartPreventExitStatus"] == "2"  # a bad config is not retried
+    assert service["PrivateDevices"] == "no"  # it would hide /dev/nvidia*
+    assert service["StateDirectory"] == service["RuntimeDirectory"] == "tunerd"
+    text = (SERVICE / "tunerd.service").read_text()
+    for device in ("nvidiactl", "nvidia-frontend", "nvidia-uvm"):
+        assert f"DeviceAllow=char-{device} rw" in text
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_analyze_verify_accepts_tunerds_unit(tmp_path: Path) -> None:
+    unit = tmp_path / "tunerd.service"
+    unit.write_text(
+        (SERVICE / "tunerd.service")
+        .read_text()
+        .replace("/opt/tunerd/bin/tunerd", f"{sys.executable} -m tunerd")
+    )
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == ""
+
+
+@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="systemd-sysusers not installed")
+def test_sysusers_and_tmpfiles_make_the_user_and_folders(tmp_path: Path) -> None:
+    # both tools take --root: they run against an empty tree here, not this machine
+    (tmp_path / "etc").mkdir()
+    for name in ("passwd", "group"):
+        (tmp_path / "etc" / name).touch()
+    sysusers = subprocess.run(
+        ["systemd-sysusers", f"--root={tmp_path}", str(SERVICE / "tunerd.sysusers")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert sysusers.returncode == 0, sysusers.stderr
+    passwd = (tmp_path / "etc" / "passwd").read_text()
+    assert passwd.startswith("tunerd:x:")
+    assert ":/var/lib/tunerd:" in passwd
+    assert any(
+        line.startswith("video:") and line.endswith(":tunerd")
+        for line in (tmp_path / "etc" / "group").read_text().splitlines()
+    )
+    tmpfiles = subprocess.run(
+        ["systemd-tmpfiles", f"--root={tmp_path}", "--create", str(SERVICE / "tunerd.tmpfiles")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert tmpfiles.returncode == 0, tmpfiles.stderr
+    uid = int(passwd.split(":")[2])
+    for folder, mode in (("etc/tunerd", 0o750), ("var/lib/tunerd/engines", 0o750)):
+        info = (tmp_path / folder).stat()
+        assert info.st_mode & 0o777 == mode
+    assert (tmp_path / "var/lib/tunerd/engines").stat().st_uid == uid

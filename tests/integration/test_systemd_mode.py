@@ -15,7 +15,6 @@ import json
 import os
 import shlex
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.sim_daemon import free_port
+from tests.integration.sim_daemon import free_port, sim_command
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 from tunerd.engine.args import engine_argv, settings_from_argv
@@ -60,11 +59,7 @@ class Box:
         monkeypatch.setenv("STANDIN_SYSTEMD_DIR", str(self.root))
         monkeypatch.setenv("PATH", f"{STANDIN}{os.pathsep}{os.environ['PATH']}")
         (self.root / "units").mkdir(parents=True)
-        command = [
-            sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-            "--time-scale", "50", "--sim-startup-seconds", "10",
-            "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "h100-80g",
-        ]  # fmt: skip
+        command = sim_command(self.port, "h100-80g")
         # the shipped example unit, with the simulator for vLLM and this test's paths
         (self.root / "units" / UNIT).write_text(
             "[Unit]\nDescription=a simulated vLLM engine driven by tunerd\n\n[Service]\n"

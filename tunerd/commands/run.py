@@ -1,9 +1,11 @@
 """``tunerd run``: the loop that watches and tunes the engines in the config (DESIGN §4.1).
 
-Minimal so far (the engine-control issue): supervise mode, logs as JSON lines on stderr.
-SIGTERM or Ctrl-C stop tunerd and leave the engines serving; the next ``tunerd run`` adopts
-them. The status socket, tunerd's own /metrics, chat notifications and systemd mode come with
-the daemon issue.
+Logs are JSON lines on stderr. Under systemd (``systemd/tunerd.service``, ``Type=notify``) it
+says ``READY=1`` once the engines are reconciled, a one-line ``STATUS=`` each tick,
+``WATCHDOG=1`` from the GPU sampling loop and ``STOPPING=1`` when it stops. SIGTERM or Ctrl-C
+stop tunerd and leave the engines serving; the next ``tunerd run`` adopts them. SIGHUP is
+ignored (with a log line) until config reload is built. The status socket, tunerd's own
+/metrics and chat notifications come with the daemon issue.
 """
 
 from __future__ import annotations
@@ -53,8 +55,14 @@ def _run(args: argparse.Namespace) -> int:
     def on_signal(number: int, frame: FrameType | None) -> None:
         stop.set()
 
+    def on_hangup(number: int, frame: FrameType | None) -> None:
+        # until reload is built, a SIGHUP (systemctl kill -s HUP, a closed terminal) must not
+        # end tunerd, which is Python's default
+        daemon.say("reload_not_built", reason="SIGHUP ignored: restart tunerd to load a changed config")
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     try:
         daemon.start()
         daemon.run(stop, ticks=args.ticks)

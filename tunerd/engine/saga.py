@@ -433,6 +433,10 @@ class Supervisor:
                 raise _StartFailed(f"not healthy after {self._timeout(version):g} s")
             self.clock.sleep(_POLL_S)
 
+    def diagnose(self) -> LogDiagnosis | None:
+        """What the running engine's log says (start-up figures, a crash), or None."""
+        return None if self.process is None else self._diagnose(self.process)
+
     def _diagnose(self, process: Engine) -> LogDiagnosis:
         try:
             lines = process.log_path.read_text(errors="replace").splitlines()

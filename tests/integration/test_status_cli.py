@@ -1,0 +1,109 @@
+"""`tunerd status` against a running `tunerd run` over the simulator (real processes, the
+status API on a unix socket): every contract field (DESIGN §4.8) with live values, and a
+human view that fits 100 columns."""
+
+from __future__ import annotations
+
+import json
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.cli import run_tunerd as _tunerd
+from tests.integration.sim_daemon import BEFORE, kill_recorded_engine, sim_config
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).parents[2]
+ENGINE_FIELDS = {
+    "name", "state", "generation", "settings", "pid", "healthy", "last_known_good", "bills",
+    "metrics", "policies", "guards", "last_actions",
+}  # fmt: skip
+
+
+def _status(socket: Path, deadline: float) -> dict[str, Any]:
+    """The status once the engine is up and scraped (the first start takes a moment)."""
+    while True:
+        done = _tunerd("status", "--json", "--socket", str(socket))
+        if done.returncode == 0:
+            status = json.loads(done.stdout)
+            engine = status["engines"][0]
+            if engine["healthy"] and engine["metrics"] and engine["bills"]["weights"]:
+                return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no live status: {done.stdout}{done.stderr}")
+        time.sleep(0.3)
+
+
+def test_status_json_has_every_contract_field_and_the_human_view_fits(tmp_path: Path) -> None:
+    socket = tmp_path / "run" / "tunerd.sock"
+    config, _ = sim_config(
+        tmp_path,
+        listen={"status": str(socket)},
+        policies=[str(ROOT / "policies" / "default.yaml")],
+        metrics={"interval": "500ms"},
+    )
+    tunerd = subprocess.Popen(
+        [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        status = _status(socket, time.monotonic() + 60)
+        assert stat.S_IMODE(socket.stat().st_mode) == 0o660
+
+        assert status["mode"] == "advise"
+        (gpu,) = status["gpus"]
+        assert set(gpu) >= {"index", "uuid", "name", "used_bytes", "total_bytes", "free_bytes"}
+        assert gpu["name"].startswith("NVIDIA GeForce RTX 4090")
+        assert gpu["used_bytes"] + gpu["free_bytes"] <= gpu["total_bytes"]
+        (engine,) = status["engines"]
+        assert set(engine) >= ENGINE_FIELDS
+        assert engine["name"] == "main"
+        assert engine["state"] == "running"
+        assert engine["healthy"] is True
+        assert engine["settings"] == engine["last_known_good"] == BEFORE
+        assert engine["generation"] >= 1
+        state = _tunerd("history", "--json", "--state-dir", str(tmp_path / "state"))
+        assert json.loads(state.stdout)["actions"][0]["kind"] == "restart"  # the first start
+        assert engine["last_actions"][0]["kind"] == "restart"
+        bills = engine["bills"]
+        assert set(bills) == {"weights", "kv_pool", "engine_other", "other_processes", "free"}
+        assert all(isinstance(value, int) for value in bills.values()), bills
+        # the simulator's figures: AWQ 8B weights ~5.4 GiB, the pool what 0.92 leaves; Xorg is the other
+        assert 4 << 30 < bills["weights"] < 7 << 30
+        assert bills["kv_pool"] > 10 << 30
+        assert bills["other_processes"] > 0
+        assert bills["free"] == gpu["free_bytes"]
+        assert engine["metrics"]["kv_cache_usage"] is not None
+        assert {"kv_cache_usage", "num_requests_running", "num_requests_waiting"} <= set(engine["metrics"])
+        names = {p["name"] for p in engine["policies"]}
+        assert "kv-pool-saturated" in names
+        assert all(set(p) == {"name", "state", "since", "health", "last_error"} for p in engine["policies"])
+        assert engine["guards"] == {"restarts_in_window": 1, "budget_left": 2, "held": False}
+
+        human = _tunerd("status", "--socket", str(socket), env={"NO_COLOR": "1"})
+        assert human.returncode == 0, human.stderr
+        lines = human.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 100, human.stdout
+        assert "\033[" not in human.stdout
+        assert lines[0].startswith("tunerd — mode advise")
+        assert any(line.startswith("main  running  generation") for line in lines)
+        assert any("[WWW" in line for line in lines)  # the bills as a bar, weights first
+    finally:
+        tunerd.send_signal(signal.SIGTERM)
+        tunerd.wait(timeout=30)
+        kill_recorded_engine(tmp_path / "state")
+    assert not socket.exists()  # removed on the way out
+
+
+def test_status_without_a_daemon_says_where_it_looked(tmp_path: Path) -> None:
+    done = _tunerd("status", "--socket", str(tmp_path / "none.sock"))
+    assert done.returncode == 2
+    assert f"no status socket at {tmp_path / 'none.sock'}: is tunerd running?" in done.stderr

@@ -1,0 +1,79 @@
+"""`tunerd run` under a stand-in for systemd's notify socket: a datagram socket this test owns
+and passes as NOTIFY_SOCKET, with WATCHDOG_USEC as WatchdogSec=2 would set it. The engine is
+the simulator (real processes on loopback)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.sim_daemon import kill_recorded_engine, sim_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_ready_then_watchdog_pings_at_half_the_timeout_then_stopping_on_sigterm(tmp_path: Path) -> None:
+    notify = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    config, _ = sim_config(tmp_path)
+    env = {"NOTIFY_SOCKET": str(notify), "WATCHDOG_USEC": "2000000"}  # WatchdogSec=2
+    tunerd = subprocess.Popen(
+        [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **env},
+    )
+    messages: list[tuple[float, str]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(m.startswith("READY=1") for _, m in messages):
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            messages.append((time.monotonic(), sock.recv(4096).decode()))
+        ready = next(m for _, m in messages if m.startswith("READY=1"))
+        assert "STATUS=advise: main running (util 0.92, seqs 8)" in ready
+        # five seconds of watching (times are when this end read them: a busy machine may
+        # deliver two at once, so the median is checked, and the worst against the timeout)
+        until = time.monotonic() + 5
+        while (left := until - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                messages.append((time.monotonic(), sock.recv(4096).decode()))
+            except TimeoutError:
+                break
+        pings = [at for at, m in messages if m == "WATCHDOG=1"]
+        assert len(pings) >= 4, messages
+        gaps = [b - a for a, b in itertools.pairwise(pings)]
+        assert 0.8 < statistics.median(gaps) < 1.35, gaps  # half of WatchdogSec=2, + one sampling interval
+        assert max(gaps) < 2.0, gaps  # never as late as the timeout
+        assert any(m.startswith("STATUS=advise: main running") for _, m in messages[1:])
+
+        tunerd.send_signal(signal.SIGHUP)  # reload is not built: it must not end tunerd
+        time.sleep(1)
+        assert tunerd.poll() is None
+
+        tunerd.send_signal(signal.SIGTERM)
+        assert tunerd.wait(timeout=30) == 0
+        assert "reload_not_built" in (tunerd.stdout.read() if tunerd.stdout else "")
+        sock.settimeout(2)
+        rest = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                rest.append(sock.recv(4096).decode())
+        assert "STOPPING=1" in rest, rest
+    finally:
+        if tunerd.poll() is None:
+            tunerd.kill()
+        sock.close()
+        kill_recorded_engine(tmp_path / "state")

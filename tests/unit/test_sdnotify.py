@@ -1,0 +1,122 @@
+"""systemd's notify protocol against a real unix datagram socket (the receiving end systemd
+holds), and the sampler's watchdog: pings while it samples, none once a read hangs."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tunerd.sampler import Sampler
+from tunerd.sdnotify import Notifier
+from tunerd.sources.gpu import OK, GpuReading
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
+    path = str(tmp_path / "notify")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(2)
+    yield path, sock
+    sock.close()
+
+
+def test_messages_are_key_value_lines_in_one_datagram(receiver: tuple[str, socket.socket]) -> None:
+    path, sock = receiver
+    notifier = Notifier({"NOTIFY_SOCKET": path})
+    assert notifier.ready("act: main running")
+    assert sock.recv(4096) == b"READY=1\nSTATUS=act: main running"
+    assert notifier.reloading()
+    reloading = sock.recv(4096).decode().split("\n")
+    assert reloading[0] == "RELOADING=1"
+    assert abs(int(reloading[1].removeprefix("MONOTONIC_USEC=")) - time.monotonic_ns() // 1000) < 5_000_000
+    assert notifier.stopping()
+    assert sock.recv(4096) == b"STOPPING=1"
+    notifier.close()
+
+
+def test_an_abstract_socket_is_named_with_an_at_sign() -> None:
+    name = f"tunerd-test-{os.getpid()}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + name)
+    sock.settimeout(2)
+    try:
+        assert Notifier({"NOTIFY_SOCKET": "@" + name}).status("one line\nnot two")
+        assert sock.recv(4096) == b"STATUS=one line not two"
+    finally:
+        sock.close()
+
+
+def test_outside_systemd_nothing_is_sent_and_nothing_raises(tmp_path: Path) -> None:
+    assert not Notifier({}).ready()
+    assert not Notifier({"NOTIFY_SOCKET": "vsock:2:1234"}).enabled
+    assert not Notifier({"NOTIFY_SOCKET": str(tmp_path / "gone")}).ready()  # nobody listens: False
+
+
+def test_the_watchdog_belongs_to_the_process_systemd_named() -> None:
+    assert Notifier({"WATCHDOG_USEC": "30000000"}).watchdog_interval == 15.0
+    assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}).watchdog_interval == 15.0
+    assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}).watchdog_interval is None
+    assert Notifier({"WATCHDOG_USEC": "0"}).watchdog_interval is None
+
+
+class HangingGpu:
+    """A GPU source whose reads hang once ``hang`` is set: a wedged driver."""
+
+    name = "hanging"
+
+    def __init__(self) -> None:
+        self.hang = threading.Event()
+        self.release = threading.Event()
+
+    def sample(self) -> GpuReading:
+        if self.hang.is_set():
+            self.release.wait()
+        return GpuReading(source=self.name, status=OK)
+
+    def close(self) -> None:
+        self.release.set()
+
+
+def _pings(sock: socket.socket, seconds: float) -> list[float]:
+    arrived = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if sock.recv(4096) == b"WATCHDOG=1":
+                arrived.append(time.monotonic())
+        except TimeoutError:
+            break
+    return arrived
+
+
+def test_watchdog_pings_come_from_sampling_and_stop_when_a_read_hangs(
+    receiver: tuple[str, socket.socket],
+) -> None:
+    path, sock = receiver
+    gpu = HangingGpu()
+    # WatchdogSec=0.4: a ping every 0.2 s, whatever the sampling interval (1 s here)
+    sampler = Sampler(
+        gpu, interval=1.0, notifier=Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
+    )
+    sampler.start()
+    try:
+        alive = _pings(sock, 1.2)
+        assert len(alive) >= 4, alive
+        gaps = [b - a for a, b in itertools.pairwise(alive)]
+        assert max(gaps) < 0.4  # within systemd's timeout, always
+        gpu.hang.set()
+        time.sleep(0.3)  # a ping already on its way may still land
+        _pings(sock, 0.01)
+        assert _pings(sock, 1.0) == []  # the read hangs: no more pings, systemd would restart tunerd
+    finally:
+        gpu.release.set()
+        sampler.stop()

@@ -1,0 +1,120 @@
+"""The status view's pure pieces: engine states, the bills, one screen in 100 columns."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tunerd.status import WIDTH, bills, engine_state, render
+
+GIB = 1 << 30
+ESCAPE = re.compile(r"\033\[[0-9;]*m")
+
+
+@pytest.mark.parametrize(
+    ("facts", "state"),
+    [
+        ({"held": True, "pinned": True, "step": "stopping", "alive": True, "healthy": True}, "held"),
+        ({"pinned": True, "step": "starting", "alive": True, "healthy": True}, "pinned"),
+        ({"step": "stopping", "alive": True, "healthy": True}, "draining"),
+        ({"step": "verifying", "alive": True, "healthy": False}, "restarting"),
+        ({"alive": True, "healthy": True}, "running"),
+        ({"alive": True, "healthy": False}, "starting"),
+        ({"alive": False, "healthy": False, "crashed": True}, "crashed"),
+        ({"alive": False, "healthy": False}, "stopped"),
+    ],
+)
+def test_engine_state_names_what_a_person_must_know_first(facts: dict[str, object], state: str) -> None:
+    full = {"held": False, "pinned": False, "step": None, "crashed": False, **facts}
+    assert engine_state(**full) == state  # type: ignore[arg-type]
+
+
+def test_engine_other_is_what_the_engine_holds_beyond_weights_and_pool() -> None:
+    # the seed's 4090 numbers: 5.4 GiB AWQ weights, a 14 GiB pool, the engine at 21.6 GiB
+    parts = bills(
+        weights=int(5.4 * GIB), kv_pool=14 * GIB, engine_bytes=int(21.6 * GIB), other_processes=GIB, free=GIB
+    )
+    assert parts["engine_other"] == int(21.6 * GIB) - int(5.4 * GIB) - 14 * GIB
+    unknown = bills(weights=None, kv_pool=14 * GIB, engine_bytes=20 * GIB, other_processes=None, free=None)
+    assert unknown["engine_other"] is None  # never a guess
+
+
+STATUS = {
+    "mode": "act",
+    "time": 1796000000.0,
+    "gpus": [
+        {"index": 0, "uuid": "GPU-1", "name": "NVIDIA GeForce RTX 4090", "used_bytes": 22 * GIB,
+         "total_bytes": 24 * GIB, "free_bytes": 2 * GIB},
+    ],
+    "engines": [
+        {
+            "name": "llama31-8b-awq-with-a-long-name",
+            "state": "running",
+            "generation": 3,
+            "settings": {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 6,
+                         "max_num_batched_tokens": 2048, "kv_cache_dtype": "fp8", "enable_prefix_caching": True},
+            "pid": 4242,
+            "healthy": True,
+            "last_known_good": None,
+            "bills": {"weights": 5 * GIB, "kv_pool": 14 * GIB, "engine_other": 2 * GIB,
+                      "other_processes": GIB, "free": 2 * GIB},
+            "metrics": {"kv_cache_usage": 0.87, "num_requests_running": 6, "num_requests_waiting": 2,
+                        "num_preemptions_total": 14.0},
+            "policies": [{"name": f"policy-number-{n}", "state": "inactive", "since": None, "health": "ok",
+                          "last_error": None} for n in range(9)]
+            + [{"name": "kv-pool-saturated", "state": "firing", "since": 1795999000.0, "health": "error",
+                "last_error": "no data for kv_cache_usage"}],
+            "guards": {"restarts_in_window": 1, "budget_left": 2, "held": False},
+            "last_actions": [{"id": 9, "time": "2026-11-29T15:40:00+00:00", "kind": "tune", "mode": "act",
+                              "outcome": "succeeded", "policy": "kv-pool-saturated",
+                              "reason": "pool over 85% with requests waiting for capacity " * 3}],
+        }
+    ],
+}  # fmt: skip
+
+
+def test_one_screen_in_a_hundred_columns_with_every_part() -> None:
+    text = render(STATUS)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= WIDTH
+    assert "\033[" not in text
+    assert lines[0].startswith("tunerd — mode act — ")
+    assert "GPU 0  NVIDIA GeForce RTX 4090  22.0 GiB of 24.0 GiB used, 2.0 GiB free" in text
+    assert any(
+        line.startswith("llama31-8b-awq-with-a-long-name  running  generation 3  pid 4242") for line in lines
+    )
+    bar = next(line for line in lines if line.startswith("  memory    ["))
+    cells = bar.removeprefix("  memory    [").removesuffix("]")
+    assert len(cells) == WIDTH - 14
+    # proportional: weights 5 of 24 GiB, the pool 14 of 24, free 2 of 24
+    assert cells.count("W") == round(5 / 24 * len(cells))
+    assert cells.count("K") == round(14 / 24 * len(cells))
+    assert cells.startswith("W")
+    assert cells.endswith(".")
+    assert "GiB: W weights 5.0 · K KV pool 14.0 · e engine 2.0 · o others 1.0 · . free 2.0" in text
+    assert "KV usage 87% · running 6 · waiting 2 · preemptions 14.0" in text
+    policy_lines = [line for line in lines if "policy-number" in line or "kv-pool-saturated firing" in line]
+    assert len(policy_lines) >= 2  # wrapped, not cut
+    assert "kv-pool-saturated firing since" in text
+    assert "(error: no data for kv_cache_usage)" in text
+    assert "1 restarts in the window · 2 left · not held" in text
+    assert any(line.endswith("…") for line in lines if "tune succeeded (kv-pool-saturated)" in line)
+
+
+def test_colour_only_when_asked_and_it_changes_no_width() -> None:
+    plain = render(STATUS)
+    painted = render(STATUS, color=True)
+    assert "\033[" in painted
+    stripped = [ESCAPE.sub("", line) for line in painted.splitlines()]
+    assert max(len(line) for line in stripped) <= WIDTH
+    assert len(stripped) == len(plain.splitlines())
+
+
+def test_nothing_known_yet_still_renders() -> None:
+    text = render(
+        {"mode": "advise", "time": None, "gpus": [], "engines": [{"name": "a", "state": "starting"}]}
+    )
+    assert "GPU    none read" in text
+    assert "[" + "?" * (WIDTH - 14) + "]" in text
+    assert "actions   none yet" in text

@@ -1,0 +1,82 @@
+"""``tunerd status``: what the running daemon knows now (DESIGN §4.8), from its status API.
+
+The socket is ``--socket``; else ``listen.status`` in ``--config``; else
+``/run/tunerd/tunerd.sock`` when ``/run/tunerd`` exists (the service); else
+``STATE_DIR/tunerd.sock`` — the daemon's own rule (:meth:`tunerd.config.Config.status_socket`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tunerd.commands.common import EXIT_OK, Parser, UsageError
+from tunerd.commands.history import add_state_arguments, state_dir_of
+from tunerd.config import DEFAULT_CONFIG, RUN_DIR
+from tunerd.status import render
+from tunerd.yamlfile import YamlError, load_yaml
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="what the running daemon sees and did: GPUs, engines, bills, policies, guards",
+        description=(
+            "Ask the running tunerd for its status: each GPU's memory; per engine its state, "
+            "settings, the memory bills (weights, KV pool, engine other, other processes, free), "
+            "the pool, policy states, the restart budget and the last actions. One screen, or "
+            "--json with every field of the contract. Colour only on a terminal; NO_COLOR turns "
+            "it off."
+        ),
+    )
+    parser.add_argument("--json", action="store_true", help="the status as one JSON object")
+    parser.add_argument("--socket", metavar="PATH", help="the daemon's status socket (default: see above)")
+    add_state_arguments(parser)
+    parser.set_defaults(handler=_run, prog=parser.prog)
+
+
+def socket_of(args: argparse.Namespace) -> Path:
+    if args.socket:
+        return Path(args.socket)
+    try:
+        data = load_yaml(args.config or DEFAULT_CONFIG).data
+    except YamlError:
+        data = None
+    listen = data.get("listen") if isinstance(data, dict) else None
+    if isinstance(listen, dict) and isinstance(listen.get("status"), str):
+        return Path(listen["status"])
+    if RUN_DIR.is_dir():
+        return RUN_DIR / "tunerd.sock"
+    return Path(state_dir_of(args)) / "tunerd.sock"
+
+
+def fetch(path: Path, timeout: float = 10.0) -> dict[str, Any]:
+    if not path.exists():
+        raise UsageError(f"no status socket at {path}: is tunerd running? (systemctl status tunerd)")
+    transport = httpx.HTTPTransport(uds=str(path))
+    try:
+        with httpx.Client(transport=transport, timeout=timeout) as client:
+            response = client.get("http://tunerd/status")
+    except httpx.HTTPError as error:
+        raise UsageError(f"tunerd did not answer on {path}: {type(error).__name__}: {error}") from None
+    if response.status_code != 200:
+        raise UsageError(f"tunerd answered {response.status_code}: {response.text.strip()}")
+    return dict(response.json())
+
+
+def _run(args: argparse.Namespace) -> int:
+    status = fetch(socket_of(args))
+    if args.json:
+        sys.stdout.write(json.dumps(status, indent=2) + "\n")
+        return EXIT_OK
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+    sys.stdout.write(render(status, color=color))
+    return EXIT_OK
