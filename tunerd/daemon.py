@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
-from tunerd.config import Config, EngineConfig
+from tunerd.config import Config, ConfigError, EngineConfig, load_config
 from tunerd.engine.args import engine_argv, settings_to_args
 from tunerd.engine.guards import GuardConfig, budget, is_quiet, shared_gpu_refusal
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
-from tunerd.policy.schema import Policy, load_policy_files
+from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
 from tunerd.sdnotify import Notifier
 from tunerd.signals import (
@@ -62,6 +62,19 @@ from tunerd.tune import changes
 __all__ = ["Daemon", "EngineLoop"]
 
 _GIB = 1 << 30
+
+
+#: config parts a reload cannot change under running engines: tunerd must restart for them
+RESTART_FIELDS = ("engines", "state_dir", "gpu", "listen", "clock")
+
+
+def _guards(config: Config) -> GuardConfig:
+    return GuardConfig(
+        max_restarts=config.guards.max_restarts,
+        window=config.guards.window,
+        on_exhausted=config.guards.on_exhausted,
+        settle=config.guards.settle,
+    )
 
 
 def _bytes(gib: float | None) -> int | None:
@@ -128,14 +141,9 @@ class Daemon:
         self.published: dict[str, Any] | None = None  # what the status API hands out
         self.status_server = StatusServer(config.status_socket(), lambda: self.published)
         self._serving = False
-        guards = GuardConfig(
-            max_restarts=config.guards.max_restarts,
-            window=config.guards.window,
-            on_exhausted=config.guards.on_exhausted,
-            settle=config.guards.settle,
-        )
+        self.reload_requested = threading.Event()  # SIGHUP sets it; the loop reloads between ticks
         now = clock.now()
-        self.engines = [self._loop(engine, guards, now) for engine in config.engines]
+        self.engines = [self._loop(engine, _guards(config), now) for engine in config.engines]
 
     def _loop(self, engine: EngineConfig, guards: GuardConfig, now: float) -> EngineLoop:
         client = MetricsClient(engine.url)  # one client for /metrics and /health
@@ -277,12 +285,20 @@ class Daemon:
         self.notifier.ready(self.status_line())
         while not stop.is_set() and (ticks is None or count < ticks):
             started = self.clock.monotonic()
+            if self.reload_requested.is_set():
+                self.reload_requested.clear()
+                self.reload()
             self.tick()
             self.publish()
             self.notifier.status(self.status_line())
             count += 1
             deadline = started + self.config.metrics.interval
-            while not stop.is_set() and self.clock.monotonic() < deadline and not self._engine_died():
+            while (
+                not stop.is_set()
+                and self.clock.monotonic() < deadline
+                and not self._engine_died()
+                and not self.reload_requested.is_set()
+            ):
                 self.clock.sleep(min(DEATH_POLL_S, deadline - self.clock.monotonic()))
         self.notifier.stopping()
 
@@ -383,6 +399,39 @@ class Daemon:
                 return diagnosis  # not started yet: read again next time
             loop.figures = (process.pid, diagnosis)
         return loop.figures[1]
+
+    def reload(self) -> bool:
+        """Read the config file and its policies again (SIGHUP). All or nothing: with any
+        problem the running ones stay and the problems are said, each with its file and line.
+        Policies (their states kept by name), mode, guards, metrics interval and notify take
+        effect; engines, state_dir, gpu, listen and clock need tunerd restarted (said)."""
+        self.notifier.reloading()
+        try:
+            config = load_config(self.config.source_file)
+            policies = load_policy_files(config.policy_files())
+        except (ConfigError, PolicyError) as error:
+            self.say("reload_failed", problems=error.problems, kept="the running config and policies")
+            self.notifier.ready(self.status_line())
+            return False
+        later = [name for name in RESTART_FIELDS if getattr(config, name) != getattr(self.config, name)]
+        self.config = config.model_copy(update={name: getattr(self.config, name) for name in later})
+        self.policies = policies
+        guards = _guards(self.config)
+        for loop in self.engines:
+            loop.policy_states = {
+                policy.name: loop.policy_states.get(policy.name) or PolicyState(policy.name)
+                for policy in policies
+            }
+            loop.supervisor.guards = guards
+        self.say(
+            "reloaded",
+            policies=[policy.name for policy in policies],
+            mode=self.config.mode,
+            needs_restart=later,
+        )
+        self.notifier.ready(self.status_line())
+        self.publish()
+        return True
 
     def status_line(self) -> str:
         """One line for ``systemctl status``: the mode and each engine's state and settings."""

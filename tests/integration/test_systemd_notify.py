@@ -59,13 +59,19 @@ def test_ready_then_watchdog_pings_at_half_the_timeout_then_stopping_on_sigterm(
         assert max(gaps) < 2.0, gaps  # never as late as the timeout
         assert any(m.startswith("STATUS=advise: main running") for _, m in messages[1:])
 
-        tunerd.send_signal(signal.SIGHUP)  # reload is not built: it must not end tunerd
-        time.sleep(1)
+        tunerd.send_signal(signal.SIGHUP)  # systemctl reload: RELOADING=1, then READY=1 again
+        reload = []
+        sock.settimeout(10)
+        while not any(m.startswith("READY=1") for m in reload):
+            reload.append(sock.recv(4096).decode())
+        reloading = next(m for m in reload if m.startswith("RELOADING=1"))
+        assert "MONOTONIC_USEC=" in reloading
+        assert reload.index(reloading) < len(reload) - 1
         assert tunerd.poll() is None
 
         tunerd.send_signal(signal.SIGTERM)
         assert tunerd.wait(timeout=30) == 0
-        assert "reload_not_built" in (tunerd.stdout.read() if tunerd.stdout else "")
+        assert '"event": "reloaded"' in (tunerd.stdout.read() if tunerd.stdout else "")
         sock.settimeout(2)
         rest = []
         with contextlib.suppress(TimeoutError):

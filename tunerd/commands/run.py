@@ -3,8 +3,9 @@
 Logs are JSON lines on stderr. Under systemd (``systemd/tunerd.service``, ``Type=notify``) it
 says ``READY=1`` once the engines are reconciled, a one-line ``STATUS=`` each tick,
 ``WATCHDOG=1`` from the GPU sampling loop and ``STOPPING=1`` when it stops. SIGTERM or Ctrl-C
-stop tunerd and leave the engines serving; the next ``tunerd run`` adopts them. SIGHUP is
-ignored (with a log line) until config reload is built. The status socket, tunerd's own
+stop tunerd and leave the engines serving; the next ``tunerd run`` adopts them. SIGHUP (or
+``systemctl reload tunerd``) reloads the config and policies between two ticks — all or
+nothing: a bad file keeps the running ones and says why (:meth:`Daemon.reload`). tunerd's own
 /metrics and chat notifications come with the daemon issue.
 """
 
@@ -56,9 +57,7 @@ def _run(args: argparse.Namespace) -> int:
         stop.set()
 
     def on_hangup(number: int, frame: FrameType | None) -> None:
-        # until reload is built, a SIGHUP (systemctl kill -s HUP, a closed terminal) must not
-        # end tunerd, which is Python's default
-        daemon.say("reload_not_built", reason="SIGHUP ignored: restart tunerd to load a changed config")
+        daemon.reload_requested.set()  # the loop reloads between ticks, never inside one
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
