@@ -37,6 +37,7 @@ from tunerd.engine.args import engine_argv, settings_to_args
 from tunerd.engine.guards import GuardConfig, budget, is_quiet, shared_gpu_refusal
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
+from tunerd.exporter import Exporter, MetricsView
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
@@ -64,6 +65,7 @@ __all__ = ["Daemon", "EngineLoop"]
 _GIB = 1 << 30
 
 
+DEFAULT_METRICS = "127.0.0.1:9464"
 #: config parts a reload cannot change under running engines: tunerd must restart for them
 RESTART_FIELDS = ("engines", "state_dir", "gpu", "listen", "clock")
 
@@ -141,6 +143,9 @@ class Daemon:
         self.published: dict[str, Any] | None = None  # what the status API hands out
         self.status_server = StatusServer(config.status_socket(), lambda: self.published)
         self._serving = False
+        self.metrics_view: MetricsView | None = None  # what tunerd's own /metrics reports
+        self.scrape_errors: dict[str, int] = {}
+        self.exporter: Exporter | None = None
         self.reload_requested = threading.Event()  # SIGHUP sets it; the loop reloads between ticks
         now = clock.now()
         self.engines = [self._loop(engine, _guards(config), now) for engine in config.engines]
@@ -168,6 +173,17 @@ class Daemon:
         not take the loop down."""
         try:
             self.published = self.status()
+            self.metrics_view = MetricsView(
+                status=self.published,
+                signals={
+                    key: sample.value
+                    for key in self.store.recorded()
+                    if (sample := self.store.latest(*key)) is not None and sample.value is not None
+                },
+                actions=tuple(self.state.action_counts()),
+                scrape_errors=dict(self.scrape_errors),
+                sampling_lag_seconds=self.sampler.age(),
+            )
         except Exception as error:  # reported, and the loop goes on
             self.say("status_failed", error=f"{type(error).__name__}: {error}")
 
@@ -213,6 +229,13 @@ class Daemon:
                 self._serving = True
             except OSError as error:
                 self.say("status_unavailable", socket=str(self.status_server.path), reason=str(error))
+        if self.exporter is None:
+            address = self.config.listen.get("metrics", DEFAULT_METRICS)
+            try:
+                self.exporter = Exporter(address, lambda: self.metrics_view).start()
+                self.say("metrics_listening", address=f"{self.exporter.host}:{self.exporter.port}")
+            except (OSError, ValueError) as error:
+                self.say("metrics_unavailable", address=address, reason=str(error))
         for loop in self.engines:
             if isinstance(loop.supervisor.runner, SystemdRunner):
                 for problem in loop.supervisor.runner.problems(loop.config.drain):
@@ -473,6 +496,9 @@ class Daemon:
         if self._serving:
             self.status_server.close()
             self._serving = False
+        if self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
         for loop in self.engines:
             loop.supervisor.close()  # the engine keeps running; a unit's journal copy stops
             loop.metrics.close()
@@ -499,6 +525,7 @@ class Daemon:
                 snapshot = parse(loop.metrics.fetch())
             except ScrapeError:
                 snapshot = None
+                self.scrape_errors[name] = self.scrape_errors.get(name, 0) + 1
             if snapshot is not None and snapshot.engine_count > 0:
                 up = 1.0
                 loop.snapshot = snapshot

@@ -30,6 +30,7 @@ class Sampler:
         self.clock = clock
         self.samples = 0
         self._latest: GpuReading | None = None
+        self._latest_at: float | None = None
         self._last_ping: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tunerd-gpu-sampler", daemon=True)
@@ -37,6 +38,10 @@ class Sampler:
     @property
     def latest(self) -> GpuReading | None:
         return self._latest
+
+    def age(self) -> float | None:
+        """Seconds since the newest reading (None before the first)."""
+        return None if self._latest_at is None else self.clock.monotonic() - self._latest_at
 
     def start(self) -> Sampler:
         self.sample_once()  # the first reading before anything asks for one
@@ -50,10 +55,10 @@ class Sampler:
 
     def sample_once(self) -> GpuReading:
         reading = self.gpu.sample()
-        self._latest = reading
+        now = self.clock.monotonic()
+        self._latest, self._latest_at = reading, now
         self.samples += 1
         interval = self.notifier.watchdog_interval
-        now = self.clock.monotonic()
         if interval is not None and (self._last_ping is None or now - self._last_ping >= interval):
             self.notifier.watchdog()
             self._last_ping = now

@@ -411,6 +411,15 @@ class State:
             for row in rows
         ]
 
+    def action_counts(self) -> list[tuple[str, str, str, str, int]]:
+        """(engine, policy or "", kind, outcome, count) over the whole history: tunerd's
+        actions counter."""
+        rows = self._db.execute(
+            "SELECT engine, COALESCE(policy, '') AS policy, kind, outcome, COUNT(*) AS n FROM actions "
+            "GROUP BY engine, policy, kind, outcome ORDER BY engine, policy, kind, outcome"
+        ).fetchall()
+        return [(row["engine"], row["policy"], row["kind"], row["outcome"], int(row["n"])) for row in rows]
+
     def requested_rollbacks(self, engine: str) -> list[dict[str, Any]]:
         """Rollbacks a person asked for (``tunerd rollback``) that no tunerd has carried out
         yet, oldest first: ``id``, ``to_settings`` and ``reason``."""

@@ -177,6 +177,10 @@ class Store:
         for signal, value in values.items():
             self.record(signal, scope, time, value, generation)
 
+    def recorded(self) -> list[tuple[str, str]]:
+        """Every (signal, scope) recorded so far."""
+        return list(self._series)
+
     def latest(self, signal: str, scope: str) -> Sample | None:
         series = self._series.get((signal, scope))
         return series.latest() if series is not None else None

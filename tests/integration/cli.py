@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
 
-__all__ = ["run_tunerd"]
+__all__ = ["TunerdRun", "run_tunerd"]
 
 
 def run_tunerd(
@@ -21,3 +26,48 @@ def run_tunerd(
         check=False,
         env={**os.environ, **(env or {})},
     )
+
+
+class TunerdRun:
+    """``tunerd run --config CONFIG`` in the background; its JSON log lines kept as they come."""
+
+    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        found = []
+        for line in list(self.lines):
+            if line.startswith("{"):
+                event = json.loads(line)
+                if event.get("event") == name:
+                    found.append(dict(event))
+        return found
+
+    def event(self, name: str, timeout: float = 30) -> dict[str, Any]:
+        """The first ``name`` event, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := self.events(name):
+                return found[0]
+            if self.process.poll() is not None and not self.events(name):
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no {name} event; tunerd said:\n" + "\n".join(self.lines[-30:]))
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+        return self.process.wait(timeout=timeout)

@@ -67,6 +67,7 @@ def sim_daemon(
                 "policies": list(policies),
                 "guards": {"settle": "0s", **(guards or {})},
                 "state_dir": str(tmp_path / "state"),
+                "listen": {"metrics": "127.0.0.1:0"},  # any free port: never the operator's 9464
             }
         )
     )
@@ -93,6 +94,7 @@ def sim_config(tmp_path: Path, **top: object) -> tuple[Path, str]:
         "mode": "advise",
         "policies": [],
         "state_dir": str(tmp_path / "state"),
+        "listen": {"metrics": "127.0.0.1:0"},
         **top,
     }
     path = tmp_path / "tunerd.yaml"

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,39 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.cli import run_tunerd
+from tests.integration.cli import TunerdRun, run_tunerd
 from tests.integration.sim_daemon import kill_recorded_engine, sim_config
 
 pytestmark = pytest.mark.slow
 # pending from the first tick on, for an hour: its "since" shows whether the state survived
 WATCH = {"name": "watch-uptime", "when": {"metric": "engine_up", "above": 0.5, "for": "1h"}, "then": [{"notify": {"severity": "info"}}]}  # fmt: skip
 EXTRA = {"name": "watch-pool", "when": {"metric": "kv_cache_usage", "above": 0.95}, "then": [{"notify": {"severity": "warning"}}]}  # fmt: skip
-
-
-class Run:
-    def __init__(self, config: Path) -> None:
-        self.lines: list[str] = []
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def event(self, name: str, timeout: float = 30) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if line.startswith("{") and json.loads(line).get("event") == name:
-                    return dict(json.loads(line))
-            time.sleep(0.1)
-        raise AssertionError(f"no {name} event; tunerd said:\n" + "\n".join(self.lines[-30:]))
 
 
 def _policies(socket: Path) -> dict[str, dict[str, Any]]:
@@ -62,9 +33,12 @@ def test_sighup_keeps_the_old_policies_on_a_bad_file_and_takes_a_good_one(tmp_pa
     policy_file = tmp_path / "policies.yaml"
     policy_file.write_text(yaml.safe_dump({"version": 1, "policies": [WATCH]}, sort_keys=False))
     config, _ = sim_config(
-        tmp_path, listen={"status": str(socket)}, policies=[str(policy_file)], metrics={"interval": "300ms"}
+        tmp_path,
+        listen={"status": str(socket), "metrics": "127.0.0.1:0"},
+        policies=[str(policy_file)],
+        metrics={"interval": "300ms"},
     )
-    run = Run(config)
+    run = TunerdRun(config)
     try:
         run.event("engine_reconciled")
         deadline = time.monotonic() + 30

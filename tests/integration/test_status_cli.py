@@ -5,16 +5,16 @@ human view that fits 100 columns."""
 from __future__ import annotations
 
 import json
-import signal
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration.cli import TunerdRun
 from tests.integration.cli import run_tunerd as _tunerd
 from tests.integration.sim_daemon import BEFORE, kill_recorded_engine, sim_config
 
@@ -44,16 +44,11 @@ def test_status_json_has_every_contract_field_and_the_human_view_fits(tmp_path: 
     socket = tmp_path / "run" / "tunerd.sock"
     config, _ = sim_config(
         tmp_path,
-        listen={"status": str(socket)},
+        listen={"status": str(socket), "metrics": "127.0.0.1:0"},
         policies=[str(ROOT / "policies" / "default.yaml")],
         metrics={"interval": "500ms"},
     )
-    tunerd = subprocess.Popen(
-        [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    run = TunerdRun(config)
     try:
         status = _status(socket, time.monotonic() + 60)
         assert stat.S_IMODE(socket.stat().st_mode) == 0o660
@@ -96,9 +91,28 @@ def test_status_json_has_every_contract_field_and_the_human_view_fits(tmp_path: 
         assert lines[0].startswith("tunerd — mode advise")
         assert any(line.startswith("main  running  generation") for line in lines)
         assert any("[WWW" in line for line in lines)  # the bills as a bar, weights first
+        # tunerd's own /metrics: the same numbers for Prometheus
+        address = run.event("metrics_listening")["address"]
+        page = httpx.get(f"http://{address}/metrics", timeout=10).text
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(page)
+            for sample in family.samples
+        }
+        assert samples[("tunerd_memory_bytes", (("bill", "weights"), ("engine", "main")))] > 4 << 30
+        assert samples[("tunerd_engine_state", (("engine", "main"), ("state", "running")))] == 1.0
+        assert samples[("tunerd_engine_state", (("engine", "main"), ("state", "held")))] == 0.0
+        assert samples[("tunerd_kv_cache_usage", (("engine", "main"),))] == 0.0
+        assert samples[("tunerd_engine_up", (("engine", "main"),))] == 1.0
+        assert samples[("tunerd_restart_budget_left", (("engine", "main"),))] == 2.0
+        first_start = (("engine", "main"), ("kind", "restart"), ("outcome", "succeeded"), ("policy", ""))
+        assert samples[("tunerd_actions_total", first_start)] == 1.0
+        saturated = (("engine", "main"), ("policy", "kv-pool-saturated"), ("state", "inactive"))
+        assert samples[("tunerd_policy_state", saturated)] == 1.0
+        assert 0 <= samples[("tunerd_sampling_lag_seconds", ())] < 5
+        assert not any(name.startswith(("process_", "python_")) for name, _ in samples)  # its own registry
     finally:
-        tunerd.send_signal(signal.SIGTERM)
-        tunerd.wait(timeout=30)
+        run.stop()
         kill_recorded_engine(tmp_path / "state")
     assert not socket.exists()  # removed on the way out
 
