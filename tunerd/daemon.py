@@ -23,14 +23,13 @@ never overlap).
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunerd import logs
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, ConfigError, EngineConfig, load_config
 from tunerd.engine.args import engine_argv, settings_to_args
@@ -95,10 +94,6 @@ FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to
 _METRIC_FIELDS = tuple(name for name in ENGINE_METRIC_SIGNALS if name != "engine_up")  # from /metrics
 
 
-def _stderr_json(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}, default=str), file=sys.stderr, flush=True)
-
-
 @dataclass
 class EngineLoop:
     """One engine's part of the loop: its supervisor, scraper and policy states."""
@@ -125,7 +120,7 @@ class Daemon:
         *,
         clock: Clock = SYSTEM_CLOCK,
         gpu: GpuSource | None = None,
-        say: Callable[..., None] = _stderr_json,
+        say: Callable[..., None] = logs.say,
         notifier: Notifier | None = None,
     ) -> None:
         self.config = config

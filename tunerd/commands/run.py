@@ -1,12 +1,13 @@
 """``tunerd run``: the loop that watches and tunes the engines in the config (DESIGN §4.1).
 
-Logs are JSON lines on stderr. Under systemd (``systemd/tunerd.service``, ``Type=notify``) it
-says ``READY=1`` once the engines are reconciled, a one-line ``STATUS=`` each tick,
-``WATCHDOG=1`` from the GPU sampling loop and ``STOPPING=1`` when it stops. SIGTERM or Ctrl-C
-stop tunerd and leave the engines serving; the next ``tunerd run`` adopts them. SIGHUP (or
-``systemctl reload tunerd``) reloads the config and policies between two ticks — all or
-nothing: a bad file keeps the running ones and says why (:meth:`Daemon.reload`). tunerd's own
-/metrics and chat notifications come with the daemon issue.
+Logs are JSON lines on stdout (:mod:`tunerd.logs`; a console format in a terminal). Under
+systemd (``systemd/tunerd.service``, ``Type=notify``) it says ``READY=1`` once the engines are
+reconciled, a one-line ``STATUS=`` each tick, ``WATCHDOG=1`` from the GPU sampling loop and
+``STOPPING=1`` when it stops. SIGTERM or Ctrl-C stop tunerd and leave the engines serving; the
+next ``tunerd run`` adopts them. SIGHUP (or ``systemctl reload tunerd``) reloads the config and
+policies between two ticks — all or nothing: a bad file keeps the running ones and says why
+(:meth:`Daemon.reload`). It serves ``tunerd status`` on a unix socket and its own /metrics.
+Chat notifications come with the notify issue.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import threading
 from types import FrameType
 
+from tunerd import logs
 from tunerd.commands.common import EXIT_OK, Parser, UsageError, positive_int
 from tunerd.commands.config import load_or_usage_error
 from tunerd.config import DEFAULT_CONFIG
@@ -46,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    logs.configure()
     config = load_or_usage_error(args.config)
     try:
         daemon = Daemon(config)
