@@ -34,6 +34,7 @@ from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, ConfigError, EngineConfig, load_config
 from tunerd.engine.args import engine_argv, settings_to_args
 from tunerd.engine.guards import GuardConfig, budget, is_quiet, shared_gpu_refusal
+from tunerd.engine.process import process_tree
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
@@ -89,7 +90,7 @@ def _metrics_fields(snapshot: MetricsSnapshot | None) -> dict[str, Any] | None:
     return {key: value for key, value in snapshot.to_dict().items() if key not in ("engines", "cache_config")}
 
 
-DEATH_POLL_S = 0.05  # how often the wait between ticks looks for a dead engine (a waitpid or a /proc read)
+DEATH_POLL_S = 0.2  # how often the wait between ticks looks for a dead engine (a waitpid or a /proc read)
 FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
 _METRIC_FIELDS = tuple(name for name in ENGINE_METRIC_SIGNALS if name != "engine_up")  # from /metrics
 
@@ -534,7 +535,7 @@ class Daemon:
             worst = max(gpus, key=lambda gpu: gpu.memory_used_bytes or 0)
             for signal, value in gpu_signals(worst).items():
                 self.store.record(signal, name, now, value, generation)
-        pids = process.members() if process is not None else []
+        pids = process_tree(process.pid) if process is not None and process.alive() else []
         if pids:
             loop.engine_pids = set(pids)
         memory = engine_memory(gpus, pids, settings.get("gpu_memory_utilization"))

@@ -22,7 +22,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tunerd.engine.process import EngineProcess, Identity, engine_environment, read_identity, rotate
+from tunerd.engine.process import (
+    EngineProcess,
+    Identity,
+    engine_environment,
+    process_tree,
+    read_identity,
+    rotate,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -169,6 +176,7 @@ def test_sigterm_reaches_the_main_process_only_and_leftovers_are_killed(
     _wait_for_line(engine.log_path, "core up")
     _wait_for_line(engine.log_path, "api server up")
     assert len(engine.members()) == 2
+    assert process_tree(engine.pid) == engine.members()  # the cheap per-tick read finds the same two
     result = engine.stop(timeout=10, group_timeout=10)
     text = engine.log_path.read_text()
     assert "api server draining" in text  # the main process got SIGTERM and drained
@@ -177,6 +185,7 @@ def test_sigterm_reaches_the_main_process_only_and_leftovers_are_killed(
     assert result.returncode == 0
     assert result.how == "killed"  # the core outlived its parent and was killed with the group
     assert engine.members() == []
+    assert process_tree(engine.pid) == []
 
 
 def test_main_process_that_outlives_the_timeout_is_killed(

@@ -45,6 +45,7 @@ __all__ = [
     "find_by_argv",
     "find_listener",
     "group_members",
+    "process_tree",
     "read_identity",
     "rotate",
     "run_hook",
@@ -145,6 +146,33 @@ def group_members(pgid: int) -> list[int]:
         if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return sorted(members)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants, read from ``/proc/PID/task/TID/children`` — a few small
+    reads instead of a scan of all of ``/proc``, cheap enough for every tick. A kernel without
+    those files (``CONFIG_PROC_CHILDREN``) gets :func:`group_members` instead."""
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        return group_members(pid)
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        fields = _stat_fields(current)
+        if current in found or fields is None or fields[0] in ("Z", "X"):
+            continue
+        found.add(current)
+        try:
+            threads = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            with contextlib.suppress(OSError, ValueError):
+                todo += [
+                    int(child)
+                    for child in Path(f"/proc/{current}/task/{thread}/children").read_text().split()
+                ]
+    return sorted(found)
 
 
 def engine_environment(

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
-from tunerd.engine.process import Identity, ProcessError, StopResult, group_members, read_identity, rotate
+from tunerd.engine.process import Identity, ProcessError, StopResult, read_identity, rotate
 
 __all__ = ["SystemdRunner", "UnitEngine", "env_file_text", "parse_show", "parse_timespan", "unit_problems"]
 
@@ -291,9 +291,6 @@ class UnitEngine:
                     code, status = int(shown.get("ExecMainCode") or 0), int(shown.get("ExecMainStatus") or 0)
                     self._returncode = -status if code in (_KILLED, _DUMPED) else status
         return self._returncode
-
-    def members(self) -> list[int]:
-        return group_members(self.pid)  # systemd starts a service's main process in its own session
 
     def stop(self, timeout: float) -> StopResult:
         """Nothing to do now: ``systemctl restart`` stops the engine as the unit says (drain,
