@@ -1,13 +1,17 @@
-"""Two simulated engines on one simulated GPU (``--sim-gpu-share``), driven by one real daemon
-(real processes on loopback, real SQLite): each engine sees the other's memory, a raise that
+"""Several simulated engines under one real daemon (real processes on loopback, real SQLite).
+
+On one simulated GPU (``--sim-gpu-share``): each engine sees the other's memory, a raise that
 would overbook the card is refused, and two restarts asked for in the same tick run one after
-the other."""
+the other. On two GPUs: load on one engine tunes that engine only — policy states, guards and
+history are per engine."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,7 @@ import yaml
 from tests.integration.sim_daemon import free_port, sim_command
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
+from tunerd.sim.load import LoadOptions, run_load
 
 pytestmark = pytest.mark.slow
 ENGINES = ("chat", "embed")
@@ -155,3 +160,97 @@ def test_two_restarts_asked_for_at_once_never_overlap(card: Card) -> None:
     )
     for name in ENGINES:
         assert httpx.get(card.url(name) + "/health", timeout=5).status_code == 200
+
+
+def test_two_engines_on_two_gpus_keep_their_own_policy_states_guards_and_history(tmp_path: Path) -> None:
+    """Each engine on its own simulated card (no --sim-gpu-share): load on one saturates its
+    pool; only that engine's policy fires, only its guards and history move."""
+    ports = {name: free_port() for name in ENGINES}
+    settings = {
+        "max_model_len": 16384,
+        "max_num_seqs": 12,
+        "max_num_batched_tokens": 8192,
+        "kv_cache_memory_bytes": 6 << 30,
+    }
+    engines = [
+        {
+            "name": name,
+            "command": sim_command(ports[name], "h100-80g"),
+            "url": f"http://127.0.0.1:{ports[name]}",
+            "gpus": [index],
+            "settings": settings,
+            "bounds": {"max_num_seqs": [4, 12]},
+            "drain": "30s",
+            "startup_timeout": "30s",
+            "probation": "1s",
+        }
+        for index, name in enumerate(ENGINES)
+    ]
+    policy = {
+        "name": "pool-saturated",
+        "when": {
+            "all": [
+                {"metric": "kv_cache_usage", "above": 0.85},
+                {"metric": "num_requests_waiting", "above": 0},
+            ]
+        },
+        "then": [{"tune": {"max_num_seqs": "step_down"}}, {"restart": {"drain": "30s"}}],
+        "cooldown": "1h",
+    }
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(yaml.safe_dump({"version": 1, "policies": [policy]}, sort_keys=False))
+    config = tmp_path / "tunerd.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engines": engines,
+                "gpu": {"source": "none"},
+                "metrics": {"interval": "200ms"},
+                "mode": "act",
+                "policies": [str(policy_file)],
+                "guards": {"settle": "0s"},
+                "state_dir": str(tmp_path / "state"),
+                "listen": {"metrics": "127.0.0.1:0"},
+            }
+        )
+    )
+    daemon = Daemon(load_config(config), say=lambda *a, **k: None)
+    try:
+        daemon.start()
+        options = LoadOptions(
+            f"http://127.0.0.1:{ports['chat']}",
+            concurrency=12,
+            prompt_tokens=8_000,
+            max_tokens=512,
+            duration=60,
+        )
+        threading.Thread(target=run_load, args=(options,), daemon=True).start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            h["kind"] == "tune" for h in daemon.state.history(engine="chat")
+        ):
+            daemon.tick()
+            time.sleep(0.2)
+        for _ in range(5):
+            daemon.tick()  # embed goes on being watched after chat's restart
+        daemon.publish()
+        status = {engine["name"]: engine for engine in (daemon.published or {})["engines"]}
+
+        chat_tune = next(h for h in daemon.state.history(engine="chat") if h["kind"] == "tune")
+        assert chat_tune["outcome"] == "succeeded", chat_tune
+        assert status["chat"]["settings"]["max_num_seqs"] == 9
+        assert status["chat"]["guards"]["restarts_in_window"] == 2  # the first start and the tune
+        assert [h["kind"] for h in daemon.state.history(engine="embed")] == [
+            "restart"
+        ]  # its first start only
+        assert status["embed"]["settings"]["max_num_seqs"] == 12
+        assert status["embed"]["guards"]["restarts_in_window"] == 1
+        states = {name: {p["name"]: p["state"] for p in status[name]["policies"]} for name in ENGINES}
+        assert states["chat"]["pool-saturated"] == "cooldown"
+        assert states["embed"]["pool-saturated"] == "inactive"
+    finally:
+        pids = [record.pid for name in ENGINES if (record := daemon.state.engine(name)) and record.pid]
+        daemon.close()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
