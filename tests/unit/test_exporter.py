@@ -1,0 +1,105 @@
+"""tunerd's own /metrics from a published view (the real collector, registry and text format),
+and the shipped Grafana dashboard asks only for metrics the exporter serves."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tunerd.exporter import ENGINE_STATES, Exporter, MetricsView
+from tunerd.signals import SIGNALS
+
+ROOT = Path(__file__).parents[2]
+GIB = 1 << 30
+VIEW = MetricsView(
+    status={
+        "engines": [
+            {
+                "name": "main",
+                "state": "running",
+                "bills": {
+                    "weights": 5 * GIB,
+                    "kv_pool": 14 * GIB,
+                    "engine_other": GIB,
+                    "other_processes": None,
+                    "free": GIB,
+                },
+                "policies": [{"name": "kv-pool-saturated", "state": "firing"}],
+                "guards": {"restarts_in_window": 2, "budget_left": 1, "held": False},
+            }
+        ]
+    },
+    signals={(signal, "main"): 1.0 for signal in SIGNALS},
+    actions=(("main", "kv-pool-saturated", "tune", "succeeded", 3),),
+    scrape_errors={"main": 4},
+    sampling_lag_seconds=0.12,
+)
+
+
+def _samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    exporter = Exporter("127.0.0.1:0", lambda: VIEW)
+    page = generate_latest(exporter.registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+    }
+
+
+def test_the_view_as_prometheus_reads_it() -> None:
+    samples = _samples()
+    assert samples[("tunerd_memory_bytes", (("bill", "kv_pool"), ("engine", "main")))] == 14 * GIB
+    assert (
+        "tunerd_memory_bytes",
+        (("bill", "other_processes"), ("engine", "main")),
+    ) not in samples  # unknown: absent
+    running = [s for (name, labels), s in samples.items() if name == "tunerd_engine_state" and s == 1.0]
+    assert len(running) == 1
+    assert len([name for name, _ in samples if name == "tunerd_engine_state"]) == len(ENGINE_STATES)
+    assert (
+        samples[
+            (
+                "tunerd_policy_state",
+                (("engine", "main"), ("policy", "kv-pool-saturated"), ("state", "firing")),
+            )
+        ]
+        == 1
+    )
+    assert (
+        samples[
+            (
+                "tunerd_actions_total",
+                (
+                    ("engine", "main"),
+                    ("kind", "tune"),
+                    ("outcome", "succeeded"),
+                    ("policy", "kv-pool-saturated"),
+                ),
+            )
+        ]
+        == 3
+    )
+    assert samples[("tunerd_scrape_errors_total", (("engine", "main"),))] == 4
+    assert samples[("tunerd_num_preemptions_total", (("engine", "main"),))] == 1.0  # a counter keeps _total
+    assert samples[("tunerd_kv_cache_usage", (("engine", "main"),))] == 1.0
+    assert samples[("tunerd_sampling_lag_seconds", ())] == 0.12
+
+
+def test_nothing_published_yet_serves_an_empty_page() -> None:
+    assert generate_latest(Exporter("127.0.0.1:0", lambda: None).registry) == b""
+
+
+def test_the_dashboard_asks_only_for_served_metrics() -> None:
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "tunerd-dashboard.json").read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    queries += [item["expr"] for item in dashboard["annotations"]["list"]]
+    queries.append(dashboard["templating"]["list"][0]["query"])
+    asked = {name for query in queries for name in re.findall(r"\btunerd_[a-z_]+\b", query)}
+    served = {name for name, _ in _samples()}
+    assert asked
+    assert asked <= served, asked - served
+    assert all(panel["datasource"]["uid"] == "${DS_PROMETHEUS}" for panel in dashboard["panels"])
