@@ -34,7 +34,7 @@ from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, ConfigError, EngineConfig, load_config
 from tunerd.engine.args import engine_argv, settings_to_args
 from tunerd.engine.guards import GuardConfig, budget, is_quiet, shared_gpu_refusal
-from tunerd.engine.process import process_tree
+from tunerd.engine.process import copytruncate, process_tree
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
@@ -90,6 +90,8 @@ def _metrics_fields(snapshot: MetricsSnapshot | None) -> dict[str, Any] | None:
     return {key: value for key, value in snapshot.to_dict().items() if key not in ("engines", "cache_config")}
 
 
+HOUSEKEEPING_S = 60.0  # engine logs rotated by size, the state's write-ahead log folded in
+LOG_MAX_BYTES = 64 << 20
 DEATH_POLL_S = 0.2  # how often the wait between ticks looks for a dead engine (a waitpid or a /proc read)
 FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
 _METRIC_FIELDS = tuple(name for name in ENGINE_METRIC_SIGNALS if name != "engine_up")  # from /metrics
@@ -123,8 +125,11 @@ class Daemon:
         gpu: GpuSource | None = None,
         say: Callable[..., None] = logs.say,
         notifier: Notifier | None = None,
+        log_max_bytes: int = LOG_MAX_BYTES,
     ) -> None:
         self.config = config
+        self.log_max_bytes = log_max_bytes  # an engine log past this is copied aside and truncated
+        self._housekept: float | None = None
         self.notifier = notifier or Notifier()  # systemd's, when NOTIFY_SOCKET is set
         self.clock = clock
         self.say = say
@@ -310,6 +315,8 @@ class Daemon:
             self.tick()
             self.publish()
             self.notifier.status(self.status_line())
+            if self._housekept is None or self.clock.monotonic() - self._housekept >= HOUSEKEEPING_S:
+                self.housekeeping()
             count += 1
             deadline = started + self.config.metrics.interval
             while (
@@ -320,6 +327,21 @@ class Daemon:
             ):
                 self.clock.sleep(min(DEATH_POLL_S, deadline - self.clock.monotonic()))
         self.notifier.stopping()
+
+    def housekeeping(self) -> None:
+        """Each minute: an engine log past :attr:`log_max_bytes` is copied aside and truncated
+        (both modes append to it; keeps 5), and the state's write-ahead log is folded in."""
+        self._housekept = self.clock.monotonic()
+        for loop in self.engines:
+            path = loop.supervisor.spec.log_path
+            if copytruncate(path, self.log_max_bytes):
+                self.say(
+                    "engine_log_rotated",
+                    engine=loop.config.name,
+                    path=str(path),
+                    max_bytes=self.log_max_bytes,
+                )
+        self.state.checkpoint()
 
     def status(self) -> dict[str, Any]:
         """DESIGN §4.8's ``tunerd status --json``: live values from the last tick."""

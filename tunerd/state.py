@@ -411,6 +411,11 @@ class State:
             for row in rows
         ]
 
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the database (it otherwise grows between automatic
+        checkpoints while readers such as ``tunerd history`` hold it open)."""
+        self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
     def action_counts(self) -> list[tuple[str, str, str, str, int]]:
         """(engine, policy or "", kind, outcome, count) over the whole history: tunerd's
         actions counter."""

@@ -41,6 +41,7 @@ __all__ = [
     "ProcessError",
     "ProcessRunner",
     "StopResult",
+    "copytruncate",
     "engine_environment",
     "find_by_argv",
     "find_listener",
@@ -239,6 +240,27 @@ def run_hook(
     return result
 
 
+def copytruncate(path: Path, max_bytes: int, keep: int = 5) -> bool:
+    """A log a running process appends to (``O_APPEND``) grew past ``max_bytes``: copy it
+    aside (``path.1``, older ones shifted) and truncate it in place, so the writer's next line
+    lands at the new end. Lines written between the copy and the truncate are lost — logrotate's
+    ``copytruncate`` has the same window."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if size <= max_bytes:
+        return False
+    for index in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{index}")
+        if older.exists():
+            older.replace(path.with_name(f"{path.name}.{index + 1}"))
+    shutil.copyfile(path, path.with_name(path.name + ".1"))
+    with path.open("r+b") as handle:
+        handle.truncate(0)
+    return True
+
+
 def rotate(path: Path, keep: int) -> None:
     """``path`` → ``path.1`` → … → ``path.keep`` (the oldest is dropped)."""
     if keep < 1:
@@ -402,21 +424,7 @@ class EngineProcess:
 
     # -- the log -------------------------------------------------------------------------------
     def rotate_log_if_large(self, max_bytes: int, keep: int = 5) -> bool:
-        """Copy the running engine's log aside and truncate it in place (``copytruncate``)."""
-        try:
-            size = self.log_path.stat().st_size
-        except OSError:
-            return False
-        if size <= max_bytes:
-            return False
-        for index in range(keep - 1, 0, -1):
-            older = self.log_path.with_name(f"{self.log_path.name}.{index}")
-            if older.exists():
-                older.replace(self.log_path.with_name(f"{self.log_path.name}.{index + 1}"))
-        shutil.copyfile(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
-        with self.log_path.open("r+b") as handle:
-            handle.truncate(0)
-        return True
+        return copytruncate(self.log_path, max_bytes, keep)
 
 
 class ProcessRunner:
