@@ -1,6 +1,6 @@
-"""The minimal ``tunerd run`` loop: sources → store → policies → engine control.
+"""The ``tunerd run`` daemon: sources → store → policies → engine control.
 
-Each tick, for every engine: read the GPU (one reading for all engines) and the engine's
+Each tick, for every engine: take the newest GPU reading (one for all engines) and the engine's
 ``/metrics``, record DESIGN §4.7's signals under the engine's name, turn a dead engine into an
 ``engine_crash`` event, evaluate the policies, and act on the merged plan as the mode allows:
 
@@ -10,15 +10,25 @@ Each tick, for every engine: read the GPU (one reading for all engines) and the 
   the guards; a crash with a plan restarts with the plan's settings, without one with the same.
 
 A ``restart: {quiet: true}`` waits, tick after tick, for ``guards.quiet`` (and pages if it
-never comes). A person's ``tunerd rollback`` is carried out on the next tick; settings a person changed in
-the config are adopted when the daemon starts (both pause tuning).
+never comes). A person's ``tunerd rollback`` is carried out on the next tick; settings a person
+changed in the config are adopted when the daemon starts (both pause tuning). Engines run under
+tunerd (supervise mode) or as their own systemd units (``control: systemd``); the saga is the
+same.
 
-Engines run under tunerd (supervise mode) or as their own systemd units (``control: systemd``:
-:class:`~tunerd.engine.unit.SystemdRunner`); the saga is the same.
+Threads. The *loop* (the caller of :meth:`Daemon.run`) owns the state database and does
+everything that changes something: ticks, restarts (which block it, so two engines' restarts
+never overlap), reloads (SIGHUP), housekeeping (each minute). Between ticks it polls for a dead
+engine at :data:`DEATH_POLL_S`, so a crash is handled within that, not a whole interval. The
+*GPU sampler* (:class:`~tunerd.sampler.Sampler`) reads the GPU on its own thread and feeds
+systemd's watchdog, so a restart of minutes never silences the watchdog and a hung driver read
+does. The status API and the metrics endpoint serve what the loop last published, from threads
+of their own, and never touch the database.
 
-What this loop does not do yet (the daemon issue): status socket, its own /metrics, notify
-sinks, several engines acting in parallel (a restart blocks the loop, so two engines' restarts
-never overlap).
+Why not APScheduler jobs (which the daemon issue suggested): the loop's timing comes from the
+injected :class:`~tunerd.clock.Clock` — tests and the simulator drive time — and APScheduler 3
+has its own wall clock; and every job that changes state must run on the one thread that owns
+the database, so a scheduler would add a thread pool to run jobs one at a time. The sampler is
+the one piece that must run beside the loop, and it is a plain thread.
 """
 
 from __future__ import annotations
