@@ -33,6 +33,7 @@ the one piece that must run beside the loop, and it is a plain thread.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -203,7 +204,14 @@ class Daemon:
         if engine.control != "systemd":
             return None
         assert engine.unit is not None  # the config requires it
-        return SystemdRunner(engine.unit, self._env_path(engine), self._log_path(engine), self.clock)
+        return SystemdRunner(
+            engine.unit,
+            self._env_path(engine),
+            self._log_path(engine),
+            self.clock,
+            # systemctl restart waits for the drain and TimeoutStopSec's kill, then the start
+            restart_timeout=engine.drain + 30 + 120,
+        )
 
     def _env_path(self, engine: EngineConfig) -> Path:
         return Path(self.config.state_dir) / "engines" / f"{engine.name}.env"
@@ -240,6 +248,11 @@ class Daemon:
                 self._serving = True
             except OSError as error:
                 self.say("status_unavailable", socket=str(self.status_server.path), reason=str(error))
+        self._start_sampling()
+        # READY once the sources answer, before the engines start: a first start can take
+        # minutes (startup_timeout), longer than systemd waits for READY; the watchdog is fed
+        # meanwhile and STATUS says what is happening
+        self.notifier.ready(f"{self.config.mode}: starting {len(self.engines)} engine(s)")
         if self.exporter is None:
             address = self.config.listen.get("metrics", DEFAULT_METRICS)
             try:
@@ -257,6 +270,7 @@ class Daemon:
                 done = f"first start: {result.outcome} ({result.reason})"
             self.say("engine_reconciled", engine=loop.config.name, outcome=done)
             self.publish()
+            self.notifier.status(self.status_line())
             if loop.supervisor.adopted_by_hand is not None:
                 self._alert_adopted(loop, loop.supervisor.adopted_by_hand)  # the engine is their word
             else:
@@ -313,10 +327,7 @@ class Daemon:
         crash is handled within :data:`DEATH_POLL_S` rather than a whole interval."""
         stop = stop or threading.Event()
         count = 0
-        if not self._sampling:
-            self.sampler.start()
-            self._sampling = True
-        self.notifier.ready(self.status_line())
+        self._start_sampling()
         while not stop.is_set() and (ticks is None or count < ticks):
             started = self.clock.monotonic()
             if self.reload_requested.is_set():
@@ -344,14 +355,24 @@ class Daemon:
         self._housekept = self.clock.monotonic()
         for loop in self.engines:
             path = loop.supervisor.spec.log_path
-            if copytruncate(path, self.log_max_bytes):
+            try:
+                rotated = copytruncate(path, self.log_max_bytes)
+            except OSError as error:  # a full disk must not stop the daemon
+                self.say(
+                    "engine_log_rotate_failed", engine=loop.config.name, path=str(path), reason=str(error)
+                )
+                continue
+            if rotated:
                 self.say(
                     "engine_log_rotated",
                     engine=loop.config.name,
                     path=str(path),
                     max_bytes=self.log_max_bytes,
                 )
-        self.state.checkpoint()
+        try:
+            self.state.checkpoint()
+        except sqlite3.Error as error:
+            self.say("state_checkpoint_failed", reason=str(error))
 
     def status(self) -> dict[str, Any]:
         """DESIGN §4.8's ``tunerd status --json``: live values from the last tick."""
@@ -483,6 +504,11 @@ class Daemon:
         self.notifier.ready(self.status_line())
         self.publish()
         return True
+
+    def _start_sampling(self) -> None:
+        if not self._sampling:
+            self.sampler.start()
+            self._sampling = True
 
     def status_line(self) -> str:
         """One line for ``systemctl status``: the mode and each engine's state and settings."""

@@ -2,9 +2,11 @@
 when a person runs it in a terminal. Built on structlog.
 
 Every event is ``event`` plus its fields (``engine``, ``policy``, ``gpu``… where they apply),
-a ``level`` and a UTC ``timestamp``. Secrets never appear: any value of an environment variable
-that holds one (``TUNERD_*_URL``, ``*_SECRET``, ``*_TOKEN``, ``*_KEY``, ``*_PASSWORD``; webhook
-URLs carry their tokens) is replaced by ``[redacted]`` wherever it shows up in an event.
+a ``level`` and a UTC ``timestamp``. Secrets never appear: the value of any of tunerd's
+secret-holding variables (``TUNERD_*`` ending in ``_URL``, ``_SECRET``, ``_TOKEN``, ``_KEY``,
+``_PASSWORD`` or ``_WEBHOOK`` — where the config's ``url_env``/``secret_env`` point; webhook URLs
+carry their tokens) is replaced by ``[redacted]`` wherever it shows up in an event. Other
+variables (an engine's ``HF_TOKEN``) are not tunerd's and are never logged by it.
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ class Sampler:
         self.notifier = notifier or Notifier({})
         self.clock = clock
         self.samples = 0
+        self.errors = 0  # readings that raised (a source is meant to return an error status)
+        self.last_error: str | None = None
         self._latest: GpuReading | None = None
         self._latest_at: float | None = None
         self._last_ping: float | None = None
@@ -66,7 +68,11 @@ class Sampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self._wait()):
-            self.sample_once()
+            try:
+                self.sample_once()
+            except Exception as error:  # a bug in a source: no ping this time, and go on sampling
+                self.errors += 1
+                self.last_error = f"{type(error).__name__}: {error}"
 
     def _wait(self) -> float:
         """Until the next reading: the sampling interval, or sooner when a ping falls due."""

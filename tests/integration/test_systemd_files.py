@@ -125,10 +125,9 @@ def test_sysusers_and_tmpfiles_make_the_user_and_folders(tmp_path: Path) -> None
     passwd = (tmp_path / "etc" / "passwd").read_text()
     assert passwd.startswith("tunerd:x:")
     assert ":/var/lib/tunerd:" in passwd
-    assert any(
-        line.startswith("video:") and line.endswith(":tunerd")
-        for line in (tmp_path / "etc" / "group").read_text().splitlines()
-    )
+    groups = (tmp_path / "etc" / "group").read_text().splitlines()
+    for group in ("video", "systemd-journal"):  # /dev/nvidia*; the engine unit's journal
+        assert any(line.startswith(f"{group}:") and line.endswith(":tunerd") for line in groups), groups
     tmpfiles = subprocess.run(
         ["systemd-tmpfiles", f"--root={tmp_path}", "--create", str(SERVICE / "tunerd.tmpfiles")],
         capture_output=True, text=True, timeout=60, check=False,

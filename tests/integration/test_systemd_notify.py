@@ -42,7 +42,8 @@ def test_ready_then_watchdog_pings_at_half_the_timeout_then_stopping_on_sigterm(
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             messages.append((time.monotonic(), sock.recv(4096).decode()))
         ready = next(m for _, m in messages if m.startswith("READY=1"))
-        assert "STATUS=advise: main running (util 0.92, seqs 8)" in ready
+        # READY as soon as the sources answer, before the engine's start (which may take minutes)
+        assert ready == "READY=1\nSTATUS=advise: starting 1 engine(s)", ready
         # five seconds of watching (times are when this end read them: a busy machine may
         # deliver two at once, so the median is checked, and the worst against the timeout)
         until = time.monotonic() + 5
@@ -57,7 +58,7 @@ def test_ready_then_watchdog_pings_at_half_the_timeout_then_stopping_on_sigterm(
         gaps = [b - a for a, b in itertools.pairwise(pings)]
         assert 0.8 < statistics.median(gaps) < 1.35, gaps  # half of WatchdogSec=2, + one sampling interval
         assert max(gaps) < 2.0, gaps  # never as late as the timeout
-        assert any(m.startswith("STATUS=advise: main running") for _, m in messages[1:])
+        assert any(m == "STATUS=advise: main running (util 0.92, seqs 8)" for _, m in messages), messages
 
         tunerd.send_signal(signal.SIGHUP)  # systemctl reload: RELOADING=1, then READY=1 again
         reload = []

@@ -29,6 +29,7 @@ Linux only, like supervise mode.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import re
@@ -49,6 +50,7 @@ _TIMESPAN = re.compile(r"(\d+(?:\.\d+)?)\s*(us|ms|s|min|h|d|w)?")
 _UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _SHOW = ("MainPID", "ActiveState", "SubState", "ExecMainCode", "ExecMainStatus", "InvocationID")
 _CALL_TIMEOUT_S = 30.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # systemd's CLD_* codes in ExecMainCode: how the main process ended
 _EXITED, _KILLED, _DUMPED = 1, 2, 3
 
@@ -112,26 +114,47 @@ def unit_problems(unit: str, shown: dict[str, str], drain: float) -> list[str]:
     return problems
 
 
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
+
+
+def _die_with_parent() -> None:
+    """In the journal follower, between fork and exec: end it when tunerd dies, however tunerd
+    dies (``KillMode=process`` would leave it running, one more each time). One system call
+    through a function resolved before the fork: nothing that takes a lock."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class SystemdRunner:
     """Restarts and reads one unit with ``systemctl`` and ``journalctl`` from ``PATH``."""
 
     waits_for_room = False  # the old engine still holds its memory until systemd stops it
 
-    def __init__(self, unit: str, env_path: Path, log_path: Path, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        unit: str,
+        env_path: Path,
+        log_path: Path,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        restart_timeout: float = 300.0,
+    ) -> None:
+        #: how long ``systemctl restart`` may take: it returns only once the old engine has
+        #: drained and stopped (``TimeoutStopSec``) and the new one was started
+        self.restart_timeout = restart_timeout
         self.unit = unit
         self.env_path = env_path
         self.log_path = log_path
         self.clock = clock
 
     # -- systemctl ----------------------------------------------------------------------------
-    def _systemctl(self, *args: str) -> str:
+    def _systemctl(self, *args: str, timeout: float = _CALL_TIMEOUT_S) -> str:
         argv = ["systemctl", *args]
         try:
             done = subprocess.run(
                 argv,
                 capture_output=True,
                 text=True,
-                timeout=_CALL_TIMEOUT_S,
+                timeout=timeout,
                 check=False,
                 stdin=subprocess.DEVNULL,
             )
@@ -193,7 +216,7 @@ class SystemdRunner:
         """Write the flags, ``systemctl restart`` the unit (systemd stops the old engine first),
         and follow the new engine's output."""
         self.write_env(flags)
-        self._systemctl("restart", self.unit)
+        self._systemctl("restart", self.unit, timeout=self.restart_timeout)
         main = self._main()
         if main is None:
             shown = self.show()
@@ -231,12 +254,16 @@ class SystemdRunner:
         return None if main is None else self._engine(*main)
 
     def find_new(self, flags: Sequence[str]) -> UnitEngine | None:
-        """After an interrupted restart: the unit runs and its environment file holds ``flags``
-        (so the running engine was started with them, or is being)."""
-        if self.env_flags() != tuple(flags):
-            return None
+        """After an interrupted restart: the unit's running engine was started with ``flags``
+        (its own argv ends in them — the environment file alone may have been written before
+        tunerd died, with the old engine still running)."""
         main = self._main()
-        return None if main is None else self._engine(*main)
+        if main is None or self.env_flags() != tuple(flags):
+            return None
+        live = read_identity(main[0].pid)
+        if live is None or not flags or live.argv[-len(flags) :] != tuple(flags):
+            return None
+        return self._engine(*main)
 
 
 class UnitEngine:
@@ -256,13 +283,21 @@ class UnitEngine:
         return self.identity.pid
 
     def _follow(self) -> subprocess.Popen[bytes] | None:
-        argv = ["journalctl", "-u", self.runner.unit, "-f", "-o", "cat", "--no-pager"]
+        # --no-tail: the whole run from its first line, not the last ten (an engine adopted
+        # after tunerd restarted still has its start-up figures in the log)
+        argv = ["journalctl", "-u", self.runner.unit, "-f", "--no-tail", "-o", "cat", "--no-pager"]
         if self.invocation:
             argv.append(f"_SYSTEMD_INVOCATION_ID={self.invocation}")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         try:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.DEVNULL)
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - one prctl, see _die_with_parent
+            )
         except OSError:
             return None  # no journal to read: the saga still verifies by /health, without the log
         finally:
@@ -272,7 +307,10 @@ class UnitEngine:
         """Stop copying the journal (the engine itself is systemd's)."""
         if self._follower is not None and self._follower.poll() is None:
             self._follower.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
+                self._follower.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._follower.kill()
                 self._follower.wait(timeout=5)
         self._follower = None
 
@@ -287,8 +325,9 @@ class UnitEngine:
         if self._returncode is None and not self.alive():
             with contextlib.suppress(ProcessError):
                 shown = self.runner.show()
-                if shown.get("InvocationID", self.invocation) == self.invocation:
-                    code, status = int(shown.get("ExecMainCode") or 0), int(shown.get("ExecMainStatus") or 0)
+                code, status = int(shown.get("ExecMainCode") or 0), int(shown.get("ExecMainStatus") or 0)
+                # ExecMainCode 0: systemd has not reaped it yet — ask again next time
+                if shown.get("InvocationID", self.invocation) == self.invocation and code:
                     self._returncode = -status if code in (_KILLED, _DUMPED) else status
         return self._returncode
 
