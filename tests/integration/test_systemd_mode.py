@@ -28,6 +28,7 @@ from tunerd.config import load_config
 from tunerd.daemon import Daemon
 from tunerd.engine.args import engine_argv, settings_from_argv
 from tunerd.engine.process import read_identity
+from tunerd.engine.unit import SystemdRunner
 from tunerd.sim.load import LoadOptions, run_load
 from tunerd.sources.gpu import NoGpuSource
 
@@ -268,5 +269,32 @@ def test_a_unit_that_would_undo_the_drain_is_called_out_at_start(saturation_box:
             "requests vLLM is still finishing",
         ]
         assert daemon.engines[0].supervisor.healthy()  # said, not refused: the engine still starts
+    finally:
+        daemon.close()
+
+
+def test_an_env_file_written_before_a_restart_that_never_came_is_not_the_new_engine(
+    saturation_box: Box,
+) -> None:
+    """tunerd died between writing the environment file and ``systemctl restart``: the engine
+    still runs the old flags, so it is not taken for the new one (the review found find_new
+    trusting the file alone)."""
+    box = saturation_box
+    daemon = box.daemon()
+    try:
+        daemon.start()
+        runner = daemon.engines[0].supervisor.runner
+        assert isinstance(runner, SystemdRunner)
+        new = engine_argv((), {**SETTINGS, "max_num_seqs": 9}, 30)
+        runner.write_env(new)
+        assert runner.find_new(new) is None
+        engine = runner.spawn(new)  # the restart that was due
+        try:
+            found = runner.find_new(new)
+            assert found is not None
+            assert found.pid == engine.pid
+            found.close()
+        finally:
+            engine.close()
     finally:
         daemon.close()

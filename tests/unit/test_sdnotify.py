@@ -120,3 +120,35 @@ def test_watchdog_pings_come_from_sampling_and_stop_when_a_read_hangs(
     finally:
         gpu.release.set()
         sampler.stop()
+
+
+class BrokenOnceGpu:
+    """A source with a bug: its second read raises instead of returning an error status."""
+
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def sample(self) -> GpuReading:
+        self.reads += 1
+        if self.reads == 2:
+            raise KeyError("memory_used_bytes")
+        return GpuReading(source=self.name, status=OK)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_source_that_raises_does_not_end_sampling() -> None:
+    gpu = BrokenOnceGpu()
+    sampler = Sampler(gpu, interval=0.05).start()
+    try:
+        deadline = time.monotonic() + 5
+        while gpu.reads < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gpu.reads >= 5  # the thread went on after the exception
+        assert sampler.errors == 1
+        assert sampler.last_error == "KeyError: 'memory_used_bytes'"
+    finally:
+        sampler.stop()
