@@ -33,7 +33,8 @@ def _status(socket: Path, deadline: float) -> dict[str, Any]:
         if done.returncode == 0:
             status = json.loads(done.stdout)
             engine = status["engines"][0]
-            if engine["healthy"] and engine["metrics"] and engine["bills"]["weights"]:
+            # the GPU sampler starts before the engine: its first readings find no simulator
+            if engine["healthy"] and engine["metrics"] and engine["bills"]["weights"] and status["gpus"]:
                 return status
         if time.monotonic() > deadline:
             raise AssertionError(f"no live status: {done.stdout}{done.stderr}")
