@@ -9,7 +9,6 @@ import itertools
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -44,8 +43,9 @@ def test_ready_then_watchdog_pings_at_half_the_timeout_then_stopping_on_sigterm(
         ready = next(m for _, m in messages if m.startswith("READY=1"))
         # READY as soon as the sources answer, before the engine's start (which may take minutes)
         assert ready == "READY=1\nSTATUS=advise: starting 1 engine(s)", ready
-        # five seconds of watching (times are when this end read them: a busy machine may
-        # deliver two at once, so the median is checked, and the worst against the timeout)
+        # five seconds of watching (times are when this end read them: on a busy machine a ping
+        # can be read late and the next one right after it, so the period is the average over
+        # the whole span, and the worst gap is checked against the timeout)
         until = time.monotonic() + 5
         while (left := until - time.monotonic()) > 0:
             sock.settimeout(left)
@@ -56,7 +56,8 @@ def test_ready_then_watchdog_pings_at_half_the_timeout_then_stopping_on_sigterm(
         pings = [at for at, m in messages if m == "WATCHDOG=1"]
         assert len(pings) >= 4, messages
         gaps = [b - a for a, b in itertools.pairwise(pings)]
-        assert 0.8 < statistics.median(gaps) < 1.35, gaps  # half of WatchdogSec=2, + one sampling interval
+        period = (pings[-1] - pings[0]) / len(gaps)
+        assert 0.8 < period < 1.35, gaps  # half of WatchdogSec=2, + one sampling interval
         assert max(gaps) < 2.0, gaps  # never as late as the timeout
         assert any(m == "STATUS=advise: main running (util 0.92, seqs 8)" for _, m in messages), messages
 
