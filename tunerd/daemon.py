@@ -409,14 +409,7 @@ class Daemon:
             engines.append(
                 {
                     "name": name,
-                    "state": engine_state(
-                        held=bool(record and record.held),
-                        pinned=bool(record and record.pinned),
-                        step=intents.get(name),
-                        alive=alive,
-                        healthy=loop.healthy,
-                        crashed=loop.crash_reported,
-                    ),
+                    "state": self._engine_state(loop, intents.get(name)),
                     "generation": record.generation if record else 0,
                     "settings": supervisor.running_settings() or dict(loop.config.settings),
                     "pid": process.pid if process is not None and alive else None,
@@ -505,6 +498,19 @@ class Daemon:
         self.publish()
         return True
 
+    def _engine_state(self, loop: EngineLoop, step: str | None) -> str:
+        """DESIGN §4.8's engine state (``step``: the restart in flight, if any)."""
+        record = self.state.engine(loop.config.name)
+        process = loop.supervisor.process
+        return engine_state(
+            held=bool(record and record.held),
+            pinned=bool(record and record.pinned),
+            step=step,
+            alive=process is not None and process.alive(),
+            healthy=loop.healthy,
+            crashed=loop.crash_reported,
+        )
+
     def _start_sampling(self) -> None:
         if not self._sampling:
             self.sampler.start()
@@ -514,17 +520,8 @@ class Daemon:
         """One line for ``systemctl status``: the mode and each engine's state and settings."""
         parts = []
         for loop in self.engines:
-            record = self.state.engine(loop.config.name)
-            process = loop.supervisor.process
-            state = (
-                "held"
-                if record and record.held
-                else "pinned"
-                if record and record.pinned
-                else "running"
-                if process is not None and process.alive()
-                else "down"
-            )
+            step = next((i.step for i in self.state.intents() if i.engine == loop.config.name), None)
+            state = self._engine_state(loop, step)
             settings = loop.supervisor.running_settings() or {}
             seqs = settings.get("max_num_seqs")
             util = settings.get("gpu_memory_utilization")
