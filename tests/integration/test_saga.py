@@ -159,6 +159,27 @@ def test_a_start_waits_for_the_gpu_memory_its_settings_need(world: tuple[EngineS
     assert stuck.process is None
 
 
+# An engine whose main process exits at once while a child of it prints the failure a moment
+# later — as vLLM's engine-core process can, and as the journal copy of systemd mode lags. The
+# text is vLLM 0.33's (shared/reference/vllm-facts.md).
+LATE_FAILURE = (
+    "(sleep 0.4; echo \"ValueError: To serve at least one request with the model's max seq len "
+    "(131072), (16.00 GiB KV cache is needed, which is larger than the available KV cache memory "
+    '(0.25 GiB). Based on the available memory, the estimated maximum model length is 2048.") & exit 1'
+)
+
+
+def test_a_start_failure_is_diagnosed_from_lines_written_after_the_main_process_exited(
+    world: tuple[EngineSpec, State],
+) -> None:
+    spec, state = world
+    late = EngineSpec(**{**spec.__dict__, "command": ("sh", "-c", LATE_FAILURE)})
+    failed = Supervisor(late, state, guards=NO_SETTLE).start_initial(SEED_SETTINGS)
+    assert failed.outcome == "failed"
+    assert "max_model_len_exceeds_kv" in failed.reason, failed.reason
+    assert "estimated maximum model length is 2048" in failed.reason
+
+
 HOOK = """
 import os, sys, urllib.request
 try:

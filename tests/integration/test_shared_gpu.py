@@ -143,7 +143,7 @@ def test_two_restarts_asked_for_at_once_never_overlap(card: Card) -> None:
 
     for name in ENGINES:
         tune = next(h for h in card.history(name) if h["kind"] == "tune")
-        assert tune["outcome"] == "succeeded", tune
+        assert tune["outcome"] == "succeeded", (tune["outcome"], tune["reason"])
         assert tune["to_settings"]["max_num_seqs"] == 6
     # what the daemon said, in order: one engine's whole restart, then the other's
     steps = [(e["engine"], e["step"]) for e in card.said if e["event"] == "restart_step"]

@@ -92,6 +92,20 @@ def read_identity(pid: int) -> Identity | None:
     return Identity(pid, int(fields[19]), argv)
 
 
+def _identity_after_exec(pid: int, clock: Clock, timeout: float = 1.0) -> Identity | None:
+    """The identity of a child ``subprocess.Popen`` has just started. Popen returns once the
+    exec has closed its close-on-exec pipe, but the kernel sets up the new program's arguments
+    a moment after that: read in between, ``/proc/PID/cmdline`` is empty (measured here: about
+    1 read in 100 right after Popen returned). An engine recorded with no argv would later look
+    like one a person restarted with another command."""
+    deadline = clock.monotonic() + timeout
+    while True:
+        identity = read_identity(pid)
+        if identity is None or identity.argv or clock.monotonic() >= deadline:
+            return identity
+        clock.sleep(0.001)
+
+
 def find_by_argv(argv: Sequence[str]) -> Identity | None:
     """A live process whose argv is exactly ``argv`` and which leads its own group: an engine
     started just before tunerd died, before its identity was written down."""
@@ -338,7 +352,7 @@ class EngineProcess:
             raise ProcessError(f"cannot start {argv[0]}: {error.strerror or error}") from None
         finally:
             os.close(fd)
-        identity = read_identity(popen.pid)
+        identity = _identity_after_exec(popen.pid, clock)
         if identity is None:  # exited before we could look: keep what we know
             identity = Identity(popen.pid, -1, tuple(argv))
         return cls(identity, path, popen, clock)

@@ -57,6 +57,12 @@ __all__ = ["STEPS", "Engine", "EngineSpec", "RestartResult", "Runner", "Supervis
 
 STEPS = ("intent", "stopping", "starting", "verifying", "probation")
 _POLL_S = 0.2
+# After the engine's main process is gone its log may still grow for a moment: systemd mode
+# copies it from the journal (journald, then ``journalctl -f``, each a hop behind), and in
+# supervise mode the engine's own children can outlive it by a few lines. The diagnosis waits
+# until the log has been still this long, at most _LOG_SETTLE_S.
+_LOG_STILL_S = 0.5
+_LOG_SETTLE_S = 3.0
 
 
 class Engine(Protocol):
@@ -120,6 +126,13 @@ class RestartResult:
 
 class _StartFailed(Exception):
     pass
+
+
+def _log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 def diagnosis_tail(process: Engine, lines: int = 20) -> list[str]:
@@ -421,11 +434,11 @@ class Supervisor:
         assert process is not None
         deadline = self.clock.monotonic() + self._timeout(version)
         while True:
-            diagnosis = self._diagnose(process)
             if not process.alive():
-                crash = diagnosis.crash
+                crash = self._diagnose_exited(process).crash
                 detail = f"{crash.kind}: {crash.message}" if crash else "no failure text in the log"
                 raise _StartFailed(f"the engine exited during start-up ({detail})")
+            diagnosis = self._diagnose(process)
             if diagnosis.kv_cache_size_tokens is not None and self.healthy():
                 return
             if self.clock.monotonic() >= deadline:
@@ -444,13 +457,27 @@ class Supervisor:
         returncode = process.returncode
         return LogDiagnoser().feed_many(lines).result(exit_code=returncode)
 
+    def _diagnose_exited(self, process: Engine) -> LogDiagnosis:
+        """The diagnosis of an engine whose main process is gone, once its log has caught up
+        (read too early, the failure text is not there yet: "nothing recognised")."""
+        deadline = self.clock.monotonic() + _LOG_SETTLE_S
+        size, still_since = _log_size(process.log_path), self.clock.monotonic()
+        while self.clock.monotonic() < deadline:
+            self.clock.sleep(0.1)
+            now, current = self.clock.monotonic(), _log_size(process.log_path)
+            if current != size:
+                size, still_since = current, now
+            elif now - still_since >= _LOG_STILL_S:
+                break
+        return self._diagnose(process)
+
     def _probation(self) -> None:
         process = self.process
         assert process is not None
         deadline = self.clock.monotonic() + self.spec.probation_seconds
         while self.clock.monotonic() < deadline:
             if not process.alive():
-                crash = self._diagnose(process).crash
+                crash = self._diagnose_exited(process).crash
                 raise _StartFailed(f"crashed in probation ({crash.kind if crash else 'no failure text'})")
             self.clock.sleep(_POLL_S)
 
@@ -479,7 +506,7 @@ class Supervisor:
         if self.process is None or self.process.alive():
             return None
         if self._crash is None:
-            diagnosis = self._diagnose(self.process)
+            diagnosis = self._diagnose_exited(self.process)
             self._crash = (
                 diagnosis.crash.to_dict()
                 if diagnosis.crash
