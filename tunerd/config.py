@@ -56,6 +56,7 @@ class EngineConfig(_Strict):
     probation: Duration = 300.0
     hook_timeout: Duration = 60.0  # each pre_stop / post_start run
     gpu_wait: Duration = 120.0  # after a stop, for the memory the new settings need
+    log_passthrough: Literal["warnings", "all", "none"] = "warnings"  # engine lines into tunerd's log
 
 
 class GpuConfig(_Strict):
@@ -232,6 +233,13 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
                             )
                         )
                     seen.setdefault(name, index)
+    for block in ("gpu", "clock"):  # both read the simulator when their source is sim
+        raw = data.get(block)
+        if isinstance(raw, dict):
+            if raw.get("source") == "sim" and not raw.get("url"):
+                problems.append(Problem((block, "source"), "source: sim needs url: (the simulator's URL)"))
+            elif raw.get("url") and raw.get("source") != "sim":
+                problems.append(Problem((block, "url"), "url: is only for source: sim"))
     config = None
     try:
         config = Config.model_validate({**data, "source_file": str(path)})

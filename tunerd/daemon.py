@@ -15,20 +15,16 @@ changed in the config are adopted when the daemon starts (both pause tuning). En
 tunerd (supervise mode) or as their own systemd units (``control: systemd``); the saga is the
 same.
 
-Threads. The *loop* (the caller of :meth:`Daemon.run`) owns the state database and does
-everything that changes something: ticks, restarts (which block it, so two engines' restarts
-never overlap), reloads (SIGHUP), housekeeping (each minute). Between ticks it polls for a dead
-engine at :data:`DEATH_POLL_S`, so a crash is handled within that, not a whole interval. The
-*GPU sampler* (:class:`~tunerd.sampler.Sampler`) reads the GPU on its own thread and feeds
-systemd's watchdog, so a restart of minutes never silences the watchdog and a hung driver read
-does. The status API and the metrics endpoint serve what the loop last published, from threads
-of their own, and never touch the database.
-
-Why not APScheduler jobs (which the daemon issue suggested): the loop's timing comes from the
-injected :class:`~tunerd.clock.Clock` — tests and the simulator drive time — and APScheduler 3
-has its own wall clock; and every job that changes state must run on the one thread that owns
-the database, so a scheduler would add a thread pool to run jobs one at a time. The sampler is
-the one piece that must run beside the loop, and it is a plain thread.
+Threads (:mod:`tunerd.scheduler`, APScheduler 3 jobs). The *loop* executor — one thread —
+owns the state database and runs everything that changes something: the tick each metrics
+interval (restarts block it, so two engines' restarts never overlap), a reload (SIGHUP) at the
+start of a tick, housekeeping each minute, and a death watch each :data:`DEATH_POLL_S` that
+brings the tick forward when an engine dies or a reload is asked for — so a crash is handled
+within that, not a whole interval. The *gpu* executor runs the GPU sampling job
+(:class:`~tunerd.sampler.Sampler`) and feeds systemd's watchdog, so a restart of minutes never
+silences the watchdog and a hung driver read does. The status API and the metrics endpoint
+serve what the loop last published, from threads of their own, and never touch the database.
+The caller of :meth:`Daemon.run` only waits for the stop.
 """
 
 from __future__ import annotations
@@ -52,6 +48,7 @@ from tunerd.exporter import Exporter, MetricsView
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
+from tunerd.scheduler import LOGS, LOOP, Jobs
 from tunerd.sdnotify import Notifier
 from tunerd.signals import (
     ENGINE_METRIC_SIGNALS,
@@ -61,14 +58,15 @@ from tunerd.signals import (
     gpu_room,
     gpu_signals,
 )
-from tunerd.sources.engine_log import LogDiagnosis
+from tunerd.sources.engine_log import FileFollower, LogDiagnosis, passed_through
 from tunerd.sources.gpu import GpuReading, GpuSource
 from tunerd.sources.select import gpu_source
+from tunerd.sources.sim_clock import SimulatorClock
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse
 from tunerd.state import HostLock, State
 from tunerd.status import bills, engine_state
 from tunerd.status_server import StatusServer
-from tunerd.store import Event, Store
+from tunerd.store import Event, Store, retention_capacity
 from tunerd.tune import changes
 
 __all__ = ["Daemon", "EngineLoop"]
@@ -103,7 +101,11 @@ def _metrics_fields(snapshot: MetricsSnapshot | None) -> dict[str, Any] | None:
 
 HOUSEKEEPING_S = 60.0  # engine logs rotated by size, the state's write-ahead log folded in
 LOG_MAX_BYTES = 64 << 20
-DEATH_POLL_S = 0.2  # how often the wait between ticks looks for a dead engine (a waitpid or a /proc read)
+LOG_PASS_S = 0.5  # how often the engines' new log lines are passed into tunerd's log
+LOG_PASS_MAX = 1000  # lines per engine per pass; the rest are counted, not logged
+DEATH_POLL_S = 0.2  # how often the death watch looks for a dead engine (a waitpid or a /proc read)
+RETENTION_S = 6 * 3600  # what the store keeps of each signal (the longest policy window)
+TICK_FAILURES_TO_STOP = 3  # ticks failing in a row (a bug, a broken disk): stop, systemd restarts
 FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
 _METRIC_FIELDS = tuple(name for name in ENGINE_METRIC_SIGNALS if name != "engine_up")  # from /metrics
 
@@ -125,6 +127,7 @@ class EngineLoop:
     healthy: bool = False  # the last scrape answered
     memory: EngineMemory | None = None  # on its worst GPU, at the last tick
     figures: tuple[int, LogDiagnosis] | None = None  # (pid, its start-up figures from the log)
+    log: FileFollower | None = None  # the engine's log from where it was when tunerd started
 
 
 class Daemon:
@@ -132,7 +135,7 @@ class Daemon:
         self,
         config: Config,
         *,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,  # None: the config's (the system's, or the simulator's)
         gpu: GpuSource | None = None,
         say: Callable[..., None] = logs.say,
         notifier: Notifier | None = None,
@@ -140,18 +143,25 @@ class Daemon:
     ) -> None:
         self.config = config
         self.log_max_bytes = log_max_bytes  # an engine log past this is copied aside and truncated
-        self._housekept: float | None = None
         self.notifier = notifier or Notifier()  # systemd's, when NOTIFY_SOCKET is set
-        self.clock = clock
+        self.clock = clock or (
+            SimulatorClock(config.clock.url or "") if config.clock.source == "sim" else SYSTEM_CLOCK
+        )
+        clock = self.clock
         self.say = say
         self.policies: list[Policy] = load_policy_files(config.policy_files())
         self.lock = HostLock(config.state_dir)
         self.lock.acquire()
         self.state = State.open(config.state_dir)
-        self.store = Store.for_retention(6 * 3600, max(config.metrics.interval, 0.25))
+        self.store = Store.for_retention(RETENTION_S, max(config.metrics.interval, 0.25))
         self.gpu = gpu or gpu_source(config.gpu.source, config.gpu.url)
         self.sampler = Sampler(self.gpu, config.gpu.interval, self.notifier, clock)
-        self._sampling = False
+        self.jobs: Jobs | None = None  # started with the sampling, in start() or run()
+        self.ticks = 0
+        self._tick_failures = 0
+        self.failure: str | None = None  # why run() stopped on its own (ticks kept failing)
+        self._stop = threading.Event()
+        self._tick_limit: int | None = None
         self.published: dict[str, Any] | None = None  # what the status API hands out
         self.status_server = StatusServer(config.status_socket(), lambda: self.published)
         self._serving = False
@@ -195,6 +205,8 @@ class Daemon:
                 actions=tuple(self.state.action_counts()),
                 scrape_errors=dict(self.scrape_errors),
                 sampling_lag_seconds=self.sampler.age(),
+                jobs_skipped=dict(self.jobs.skipped) if self.jobs else {},
+                job_errors=dict(self.jobs.errors) if self.jobs else {},
             )
         except Exception as error:  # reported, and the loop goes on
             self.say("status_failed", error=f"{type(error).__name__}: {error}")
@@ -323,36 +335,57 @@ class Daemon:
         self._alert_adopted(loop, f"{why}; restart {result.outcome}")
 
     def run(self, stop: threading.Event | None = None, ticks: int | None = None) -> None:
-        """Tick every metrics interval until ``stop``; a dead engine cuts the wait short, so a
-        crash is handled within :data:`DEATH_POLL_S` rather than a whole interval."""
-        stop = stop or threading.Event()
-        count = 0
+        """Schedule the loop's jobs and wait until ``stop`` (or ``ticks`` ticks, or
+        :data:`TICK_FAILURES_TO_STOP` failed ticks in a row: :attr:`failure` says so); then
+        wait for the job in progress — a restart finishes its step — and stop scheduling."""
+        self._stop = stop or threading.Event()
+        self._tick_limit = ticks
         self._start_sampling()
-        while not stop.is_set() and (ticks is None or count < ticks):
-            started = self.clock.monotonic()
-            if self.reload_requested.is_set():
-                self.reload_requested.clear()
-                self.reload()
+        jobs = self.jobs
+        assert jobs is not None
+        jobs.every("tick", self.config.metrics.interval, self._tick_job, LOOP)
+        jobs.every("housekeeping", HOUSEKEEPING_S, self.housekeeping, LOOP)
+        jobs.every("death-watch", DEATH_POLL_S, self._death_watch, LOOP, now=False)
+        try:
+            while not self._stop.wait(1.0):
+                pass
+        finally:
+            self.notifier.stopping()
+            jobs.shutdown()
+            self.jobs = None
+
+    def _tick_job(self) -> None:
+        if self.reload_requested.is_set():
+            self.reload_requested.clear()
+            self.reload()
+        try:
             self.tick()
-            self.publish()
-            self.notifier.status(self.status_line())
-            if self._housekept is None or self.clock.monotonic() - self._housekept >= HOUSEKEEPING_S:
-                self.housekeeping()
-            count += 1
-            deadline = started + self.config.metrics.interval
-            while (
-                not stop.is_set()
-                and self.clock.monotonic() < deadline
-                and not self._engine_died()
-                and not self.reload_requested.is_set()
-            ):
-                self.clock.sleep(min(DEATH_POLL_S, deadline - self.clock.monotonic()))
-        self.notifier.stopping()
+        except Exception:
+            self._tick_failures += 1
+            raise  # the scheduler hands it to _job_failed, which logs it
+        self._tick_failures = 0
+        self.publish()
+        self.notifier.status(self.status_line())
+        self.ticks += 1
+        if self._tick_limit is not None and self.ticks >= self._tick_limit:
+            self._stop.set()
+
+    def _death_watch(self) -> None:
+        """Bring the tick forward when an engine died or a reload was asked for."""
+        if self.jobs is not None and (self._engine_died() or self.reload_requested.is_set()):
+            self.jobs.run_soon("tick")
+
+    def _job_failed(self, job: str, error: BaseException, trace: str | None) -> None:
+        self.say("job_failed", job=job, error=f"{type(error).__name__}: {error}", traceback=trace)
+        if job == "tick" and self._tick_failures >= TICK_FAILURES_TO_STOP:
+            last = f"{type(error).__name__}: {error}"
+            self.failure = f"{self._tick_failures} ticks in a row failed; last: {last}"
+            self.say("stopping", reason=self.failure)
+            self._stop.set()
 
     def housekeeping(self) -> None:
         """Each minute: an engine log past :attr:`log_max_bytes` is copied aside and truncated
         (both modes append to it; keeps 5), and the state's write-ahead log is folded in."""
-        self._housekept = self.clock.monotonic()
         for loop in self.engines:
             path = loop.supervisor.spec.log_path
             try:
@@ -479,7 +512,12 @@ class Daemon:
             self.notifier.ready(self.status_line())
             return False
         later = [name for name in RESTART_FIELDS if getattr(config, name) != getattr(self.config, name)]
+        interval = self.config.metrics.interval
         self.config = config.model_copy(update={name: getattr(self.config, name) for name in later})
+        if self.config.metrics.interval != interval:  # the tick's pace, and what 6 h of it holds
+            self.store.resize(retention_capacity(RETENTION_S, max(self.config.metrics.interval, 0.25)))
+            if self.jobs is not None and self.jobs.has("tick"):
+                self.jobs.every("tick", self.config.metrics.interval, self._tick_job, LOOP, now=False)
         self.policies = policies
         guards = _guards(self.config)
         for loop in self.engines:
@@ -512,9 +550,35 @@ class Daemon:
         )
 
     def _start_sampling(self) -> None:
-        if not self._sampling:
-            self.sampler.start()
-            self._sampling = True
+        if self.jobs is None:
+            self.jobs = Jobs(self._job_failed)
+            self.sampler.schedule(self.jobs)
+            for loop in self.engines:  # from here on: what the engines write from now
+                if loop.config.log_passthrough != "none" and loop.log is None:
+                    loop.log = FileFollower(loop.supervisor.spec.log_path)
+            self.jobs.every("engine-logs", LOG_PASS_S, self.pass_engine_logs, LOGS, now=False)
+
+    def pass_engine_logs(self) -> None:
+        """The engines' new log lines into tunerd's log, ``source: engine``: by default the
+        warnings and errors (``log_passthrough`` per engine: warnings | all | none). Follows
+        the log file both modes write (rotation and copytruncate included) from where it was
+        when tunerd started."""
+        for loop in self.engines:
+            if loop.log is None:
+                continue
+            lines = loop.log.read_lines()
+            passed = 0
+            for line in lines:
+                level = passed_through(line, loop.config.log_passthrough)
+                if level is None:
+                    continue
+                if passed == LOG_PASS_MAX:
+                    self.say("engine_log_skipped", engine=loop.config.name, source="engine", lines=len(lines))
+                    break
+                passed += 1
+                self.say(
+                    "engine_log", engine=loop.config.name, source="engine", engine_level=level, line=line
+                )
 
     def status_line(self) -> str:
         """One line for ``systemctl status``: the mode and each engine's state and settings."""
@@ -543,7 +607,14 @@ class Daemon:
 
     def close(self) -> None:
         """Stop watching; the engines keep running (they outlive tunerd by design)."""
-        self.sampler.stop()
+        if self.jobs is not None:
+            self.jobs.shutdown()
+            self.jobs = None
+        self.pass_engine_logs()  # the last lines before tunerd stops
+        for loop in self.engines:
+            if loop.log is not None:
+                loop.log.close()
+                loop.log = None
         if self._serving:
             self.status_server.close()
             self._serving = False
@@ -559,8 +630,10 @@ class Daemon:
 
     # -- one tick --------------------------------------------------------------------------------
     def tick(self) -> None:
+        if isinstance(self.clock, SimulatorClock):
+            self.clock.sync()  # until the simulator first answers (tunerd may be starting it)
         now = self.clock.now()
-        latest = self.sampler.latest if self._sampling else None
+        latest = self.sampler.latest if self.jobs is not None else None
         reading = latest if latest is not None else self.gpu.sample()
         for loop in self.engines:
             self._tick_engine(loop, reading, now)

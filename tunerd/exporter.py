@@ -13,7 +13,9 @@ in front, plus:
 - ``tunerd_actions_total{engine, policy, kind, outcome}`` from the history;
 - ``tunerd_restarts_in_window``, ``tunerd_restart_budget_left``, ``tunerd_engine_held``;
 - ``tunerd_sampling_lag_seconds`` (age of the newest GPU reading),
-  ``tunerd_scrape_errors_total{engine}``.
+  ``tunerd_scrape_errors_total{engine}``;
+- ``tunerd_jobs_skipped_total{job}`` (a run that fell due while the previous one still ran: a
+  tick held by a restart) and ``tunerd_job_errors_total{job}``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class MetricsView:
     actions: tuple[tuple[str, str, str, str, int], ...] = ()
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
     sampling_lag_seconds: float | None = None
+    jobs_skipped: Mapping[str, int] = field(default_factory=dict)  # job → runs skipped (still busy)
+    job_errors: Mapping[str, int] = field(default_factory=dict)  # job → runs that raised
 
 
 class TunerdCollector(Collector):
@@ -116,6 +120,14 @@ class TunerdCollector(Collector):
             lag = GaugeMetricFamily("tunerd_sampling_lag_seconds", "age of the newest GPU reading")
             lag.add_metric([], view.sampling_lag_seconds)
             yield lag
+        for name, help_text, counts in (
+            ("tunerd_jobs_skipped", "job runs skipped: the previous run was still going", view.jobs_skipped),
+            ("tunerd_job_errors", "job runs that raised (the log has the traceback)", view.job_errors),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["job"])
+            for job, count in sorted(counts.items()):
+                family.add_metric([job], float(count))
+            yield family
 
 
 class Exporter:

@@ -90,7 +90,12 @@ def configure(
 
 
 def say(event: str, **fields: Any) -> None:
-    """One event: a warning when its name says something failed, else info."""
+    """One event: a warning when its name says something failed, else info; an engine's log
+    line (``engine_log``) at the level the engine logged it."""
     logger = structlog.get_logger("tunerd")
+    level = fields.get("engine_level")
+    if event == "engine_log" and level in ("debug", "info", "warning", "error", "critical"):
+        getattr(logger, level)(event, **fields)
+        return
     failed = event.endswith(("_failed", "_unavailable", "_problem")) or event in ("engine_crash", "alert")
     (logger.warning if failed else logger.info)(event, **fields)

@@ -1,19 +1,18 @@
-"""The GPU sampling loop, on its own thread, and the systemd watchdog it feeds.
+"""The GPU sampling job and the systemd watchdog it feeds.
 
-Every ``interval`` it takes one reading from the GPU source and keeps it as the latest; the
-run loop's ticks use that reading, so a tick never waits for the GPU and an engine restart of
-minutes (which blocks the tick, not this loop) never silences the watchdog. After each reading
-it sends ``WATCHDOG=1`` when half of systemd's watchdog timeout has passed since the last — so
-the pings stop exactly when sampling stops (a wedged driver, a hung read), and systemd restarts
-tunerd (reference/integrations-facts.md §2.1: ping from the sampling loop, not a free-running
-thread).
+Every :attr:`Sampler.period` the daemon's scheduler (:mod:`tunerd.scheduler`, on a thread of
+its own) takes one reading from the GPU source and keeps it as the latest; the ticks use that
+reading, so a tick never waits for the GPU and an engine restart of minutes (which blocks the
+tick, not this job) never silences the watchdog. After a reading it sends ``WATCHDOG=1`` when
+half of systemd's watchdog timeout has passed since the last — so the pings stop exactly when
+sampling stops (a wedged driver, a hung read), and systemd restarts tunerd
+(reference/integrations-facts.md §2.1: ping from the sampling loop, not a free-running thread).
 """
 
 from __future__ import annotations
 
-import threading
-
 from tunerd.clock import SYSTEM_CLOCK, Clock
+from tunerd.scheduler import GPU, Jobs
 from tunerd.sdnotify import Notifier
 from tunerd.sources.gpu import GpuReading, GpuSource
 
@@ -34,26 +33,26 @@ class Sampler:
         self._latest: GpuReading | None = None
         self._latest_at: float | None = None
         self._last_ping: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="tunerd-gpu-sampler", daemon=True)
 
     @property
     def latest(self) -> GpuReading | None:
         return self._latest
 
+    @property
+    def period(self) -> float:
+        """How often to sample: the configured interval, or the watchdog's if that is shorter."""
+        ping = self.notifier.watchdog_interval
+        return self.interval if ping is None else min(self.interval, ping)
+
     def age(self) -> float | None:
         """Seconds since the newest reading (None before the first)."""
         return None if self._latest_at is None else self.clock.monotonic() - self._latest_at
 
-    def start(self) -> Sampler:
-        self.sample_once()  # the first reading before anything asks for one
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+    def schedule(self, jobs: Jobs) -> None:
+        """Take the first reading now (before anything asks for one), then every period on the
+        scheduler's ``gpu`` thread."""
+        self.sample_once()
+        jobs.every("gpu-sample", self.period, self.sample_job, GPU, now=False)
 
     def sample_once(self) -> GpuReading:
         reading = self.gpu.sample()
@@ -61,22 +60,19 @@ class Sampler:
         self._latest, self._latest_at = reading, now
         self.samples += 1
         interval = self.notifier.watchdog_interval
-        if interval is not None and (self._last_ping is None or now - self._last_ping >= interval):
+        # half a period of slack: a run a hair early must not push the ping a whole period late
+        if interval is not None and (
+            self._last_ping is None or now - self._last_ping >= interval - self.period / 2
+        ):
             self.notifier.watchdog()
             self._last_ping = now
         return reading
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._wait()):
-            try:
-                self.sample_once()
-            except Exception as error:  # a bug in a source: no ping this time, and go on sampling
-                self.errors += 1
-                self.last_error = f"{type(error).__name__}: {error}"
-
-    def _wait(self) -> float:
-        """Until the next reading: the sampling interval, or sooner when a ping falls due."""
-        interval = self.notifier.watchdog_interval
-        if interval is None or self._last_ping is None:
-            return self.interval
-        return max(0.0, min(self.interval, self._last_ping + interval - self.clock.monotonic()))
+    def sample_job(self) -> None:
+        """The scheduled job: one reading; an exception (a bug in a source) is counted, no ping
+        is sent for it, and sampling goes on."""
+        try:
+            self.sample_once()
+        except Exception as error:
+            self.errors += 1
+            self.last_error = f"{type(error).__name__}: {error}"

@@ -183,7 +183,9 @@ class State:
                 self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._db = sqlite3.connect(self.path, isolation_level=None)
+                # the daemon opens it at start-up and its loop thread uses it from then on
+                # (tunerd.scheduler); never two threads at once, so sqlite3's check is relaxed
+                self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
                 self._db.executescript(_SCHEMA)

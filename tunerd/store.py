@@ -20,7 +20,7 @@ from typing import Any
 
 from tunerd.signals import SIGNALS
 
-__all__ = ["Event", "Sample", "Series", "Store"]
+__all__ = ["Event", "Sample", "Series", "Store", "retention_capacity"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,20 @@ class Series:
         for position in range(self._count):
             yield self._at(position)
 
+    def resized(self, capacity: int) -> Series:
+        """A series of ``capacity`` holding the newest of these samples."""
+        resized = Series(capacity)
+        times, values, generations = self._ordered()
+        keep = min(self._count, capacity)
+        for position in range(self._count - keep, self._count):
+            resized._times[position - self._count + keep] = times[position]
+            resized._values[position - self._count + keep] = values[position]
+            resized._generations[position - self._count + keep] = generations[position]
+        resized._count = keep
+        resized._next = keep % capacity
+        resized._last_time = self._last_time
+        return resized
+
     def _ordered(self) -> tuple[array[float], array[float], array[int]]:
         """The held samples oldest first, as array copies (two slices of the ring)."""
         start = (self._next - self._count) % self.capacity
@@ -140,6 +154,11 @@ class Series:
         return arrays + sys.getsizeof(self)
 
 
+def retention_capacity(retention_seconds: float, interval_seconds: float) -> int:
+    """How many samples ``retention_seconds`` of readings every ``interval_seconds`` are."""
+    return math.ceil(retention_seconds / interval_seconds) + 1
+
+
 class Store:
     """Series per (signal, scope) and a bounded event log.
 
@@ -157,7 +176,13 @@ class Store:
         cls, retention_seconds: float, interval_seconds: float, max_events: int = 10_000
     ) -> Store:
         """A store keeping ``retention_seconds`` of samples taken every ``interval_seconds``."""
-        return cls(capacity=math.ceil(retention_seconds / interval_seconds) + 1, max_events=max_events)
+        return cls(capacity=retention_capacity(retention_seconds, interval_seconds), max_events=max_events)
+
+    def resize(self, capacity: int) -> None:
+        """Hold ``capacity`` samples per series from now on, keeping the newest (the sampling
+        interval changed on a reload)."""
+        self.capacity = capacity
+        self._series = {key: series.resized(capacity) for key, series in self._series.items()}
 
     def series(self, signal: str, scope: str) -> Series:
         key = (signal, scope)

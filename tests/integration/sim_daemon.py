@@ -8,13 +8,15 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
-from tunerd.sources.gpu import NoGpuSource
+from tunerd.sources.gpu import GpuSource, NoGpuSource
 from tunerd.state import State
 
 BEFORE = {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8}
@@ -42,11 +44,16 @@ def sim_daemon(
     settings: dict[str, object] = BEFORE,
     policies: tuple[str, ...] = (),
     guards: dict[str, object] | None = None,
+    *,
+    top: dict[str, object] | None = None,
+    said: list[dict[str, Any]] | None = None,
+    gpu: GpuSource | None = None,
     **engine: object,
 ) -> Daemon:
     """A daemon (mode act, settle 0) over one simulated engine on ``port``, built from a real
-    config file; ``policies`` are policy files, ``engine`` adds fields to the engine's block
-    (hooks, bounds…)."""
+    config file; ``policies`` are policy files, ``top`` adds top-level fields (clock, metrics…),
+    ``engine`` fields to the engine's block (hooks, bounds…). ``said`` gets what the daemon
+    says, each event with the monotonic time it was said at."""
     port = port or free_port()
     command = sim_command(port)
     config = tmp_path / "tunerd.yaml"
@@ -68,10 +75,16 @@ def sim_daemon(
                 "guards": {"settle": "0s", **(guards or {})},
                 "state_dir": str(tmp_path / "state"),
                 "listen": {"metrics": "127.0.0.1:0"},  # any free port: never the operator's 9464
+                **(top or {}),
             }
         )
     )
-    return Daemon(load_config(config), gpu=NoGpuSource(), say=lambda *a, **k: None)
+
+    def say(event: str, **fields: Any) -> None:
+        if said is not None:
+            said.append({"event": event, **fields, "at": time.monotonic()})
+
+    return Daemon(load_config(config), gpu=gpu or NoGpuSource(), say=say)
 
 
 def sim_config(tmp_path: Path, **top: object) -> tuple[Path, str]:
@@ -117,4 +130,5 @@ def close_daemon(daemon: Daemon, kill: bool) -> None:
     record = daemon.state.engine("main")
     daemon.close()
     if kill and record is not None and record.pid:
-        os.killpg(record.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may have died on its own
+            os.killpg(record.pid, signal.SIGKILL)

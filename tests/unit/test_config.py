@@ -107,6 +107,15 @@ def test_systemd_control_needs_a_unit_and_engines_are_required() -> None:
     assert any("not both" in p for p in _problems("engine: {name: a, command: [x]}\nengines: []\n"))
 
 
+def test_the_simulator_sources_need_its_url_and_no_other_source_takes_one() -> None:
+    engine = "engine: {name: a, command: [x]}\n"
+    problems = _problems(engine + "clock: {source: sim}\ngpu: {source: nvml, url: 'http://h:1'}\n")
+    assert "c.yaml:2: clock.source: source: sim needs url: (the simulator's URL)" in problems
+    assert "c.yaml:3: gpu.url: url: is only for source: sim" in problems
+    config = load_config("c.yaml", engine + "clock: {source: sim, url: 'http://127.0.0.1:8000'}\n")
+    assert (config.clock.source, config.clock.url) == ("sim", "http://127.0.0.1:8000")
+
+
 def test_hooks_are_argv_lists_with_known_names() -> None:
     problems = _problems(
         "engine:\n"

@@ -37,6 +37,8 @@ VIEW = MetricsView(
     actions=(("main", "kv-pool-saturated", "tune", "succeeded", 3),),
     scrape_errors={"main": 4},
     sampling_lag_seconds=0.12,
+    jobs_skipped={"tick": 7, "death-watch": 30},
+    job_errors={"tick": 1},
 )
 
 
@@ -87,6 +89,9 @@ def test_the_view_as_prometheus_reads_it() -> None:
     assert samples[("tunerd_num_preemptions_total", (("engine", "main"),))] == 1.0  # a counter keeps _total
     assert samples[("tunerd_kv_cache_usage", (("engine", "main"),))] == 1.0
     assert samples[("tunerd_sampling_lag_seconds", ())] == 0.12
+    assert samples[("tunerd_jobs_skipped_total", (("job", "tick"),))] == 7
+    assert samples[("tunerd_jobs_skipped_total", (("job", "death-watch"),))] == 30
+    assert samples[("tunerd_job_errors_total", (("job", "tick"),))] == 1
 
 
 def test_nothing_published_yet_serves_an_empty_page() -> None:

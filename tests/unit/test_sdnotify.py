@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tunerd.sampler import Sampler
+from tunerd.scheduler import Jobs
 from tunerd.sdnotify import Notifier
 from tunerd.sources.gpu import OK, GpuReading
 
@@ -107,7 +108,8 @@ def test_watchdog_pings_come_from_sampling_and_stop_when_a_read_hangs(
     sampler = Sampler(
         gpu, interval=1.0, notifier=Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
     )
-    sampler.start()
+    jobs = Jobs(on_error=lambda *failed: None)
+    sampler.schedule(jobs)
     try:
         alive = _pings(sock, 1.2)
         assert len(alive) >= 4, alive
@@ -119,7 +121,7 @@ def test_watchdog_pings_come_from_sampling_and_stop_when_a_read_hangs(
         assert _pings(sock, 1.0) == []  # the read hangs: no more pings, systemd would restart tunerd
     finally:
         gpu.release.set()
-        sampler.stop()
+        jobs.shutdown()
 
 
 class BrokenOnceGpu:
@@ -142,13 +144,15 @@ class BrokenOnceGpu:
 
 def test_a_source_that_raises_does_not_end_sampling() -> None:
     gpu = BrokenOnceGpu()
-    sampler = Sampler(gpu, interval=0.05).start()
+    sampler = Sampler(gpu, interval=0.05)
+    jobs = Jobs(on_error=lambda *failed: None)
+    sampler.schedule(jobs)
     try:
         deadline = time.monotonic() + 5
         while gpu.reads < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert gpu.reads >= 5  # the thread went on after the exception
+        assert gpu.reads >= 5  # the job went on after the exception
         assert sampler.errors == 1
         assert sampler.last_error == "KeyError: 'memory_used_bytes'"
     finally:
-        sampler.stop()
+        jobs.shutdown()

@@ -37,6 +37,22 @@ class TestSeries:
         assert latest is not None
         assert latest.value == 9.0
 
+    @pytest.mark.parametrize("capacity", [2, 5, 8])
+    def test_a_resized_series_keeps_the_newest_and_goes_on(self, capacity: int) -> None:
+        """A reload that changes the sampling interval resizes every series (wrapped or not,
+        smaller or larger); what it holds stays in order and appends continue the ring."""
+        series = Series(capacity=5)
+        for second in range(7):  # wrapped: holds 2..6
+            series.append(float(second), None if second == 4 else float(second), generation=second // 3)
+        resized = series.resized(capacity)
+        held = list(series)[-capacity:]
+        assert list(resized) == held
+        for second in range(7, 17):
+            resized.append(float(second), float(second), generation=3)
+        assert [s.time for s in resized] == [float(t) for t in range(17 - capacity, 17)]
+        with pytest.raises(ValueError, match="older"):
+            resized.append(1.0, 1.0)
+
     def test_series_absent_reading_is_none_not_nan(self) -> None:
         series = Series(capacity=4)
         series.append(1.0, None)

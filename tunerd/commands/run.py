@@ -18,7 +18,7 @@ import threading
 from types import FrameType
 
 from tunerd import logs
-from tunerd.commands.common import EXIT_OK, Parser, UsageError, positive_int
+from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
 from tunerd.commands.config import load_or_usage_error
 from tunerd.config import DEFAULT_CONFIG
 from tunerd.daemon import Daemon
@@ -70,4 +70,6 @@ def _run(args: argparse.Namespace) -> int:
         daemon.run(stop, ticks=args.ticks)
     finally:
         daemon.close()
-    return EXIT_OK
+    # ticks kept failing (said in the log): exit 1, so that systemd's Restart=on-failure starts
+    # a clean tunerd, which reconciles the engines with the state
+    return EXIT_NO if daemon.failure else EXIT_OK

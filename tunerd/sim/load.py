@@ -19,6 +19,8 @@ from typing import IO, Any
 
 import httpx
 
+from tunerd.sources.sim_clock import time_scale
+
 __all__ = ["LoadOptions", "LoadResult", "run_load"]
 
 
@@ -75,20 +77,6 @@ class LoadResult:
         return "\n".join(lines)
 
 
-def _time_scale(client: httpx.Client, url: str) -> float | None:
-    """The simulator's time scale, or None for a real vLLM."""
-    try:
-        response = client.get(f"{url}/sim/clock")
-    except httpx.HTTPError:
-        return None
-    if response.status_code != 200:
-        return None
-    try:
-        return float(response.json().get("time_scale", 1.0))
-    except (ValueError, AttributeError):
-        return None
-
-
 def _model(client: httpx.Client, url: str) -> str | None:
     try:
         data = client.get(f"{url}/v1/models").json()
@@ -102,7 +90,7 @@ def run_load(
 ) -> LoadResult:
     url = options.url.rstrip("/")
     with httpx.Client(timeout=httpx.Timeout(options.timeout, connect=10.0)) as probe:
-        scale = _time_scale(probe, url)
+        scale = time_scale(probe, url)
         model = options.model or _model(probe, url)
     simulated = scale is not None
     result = LoadResult(time_scale=scale or 1.0)

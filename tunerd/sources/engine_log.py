@@ -36,6 +36,7 @@ from typing import IO, Any
 
 __all__ = [
     "CRASH_KINDS",
+    "PASSTHROUGH",
     "Crash",
     "FileFollower",
     "JournalFollower",
@@ -44,6 +45,7 @@ __all__ = [
     "LogTail",
     "PipeReader",
     "diagnose",
+    "passed_through",
     "strip_ansi",
 ]
 
@@ -144,6 +146,26 @@ _DETAIL_LINES = 6
 
 def strip_ansi(line: str) -> str:
     return _ANSI.sub("", line)
+
+
+# vLLM's logger prefix: "(APIServer pid=123) WARNING 11-29 17:58:22 [file.py:12] …", the
+# process tag optional
+_LEVEL = re.compile(r"^(?:\([^)]*\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d\s")
+PASSTHROUGH = ("warnings", "all", "none")
+
+
+def passed_through(line: str, mode: str) -> str | None:
+    """The level an engine log line is passed into tunerd's log at, or None when ``mode``
+    (:data:`PASSTHROUGH`) keeps it out. ``warnings`` passes all but vLLM's DEBUG and INFO
+    lines — a line without vLLM's prefix (an uncaught traceback, a raw print to stderr) is
+    passed as a warning."""
+    if mode == "none" or not line.strip():
+        return None
+    match = _LEVEL.match(strip_ansi(line))
+    level = match.group(1).lower() if match else "warning"
+    if mode == "warnings" and level in ("debug", "info"):
+        return None
+    return level
 
 
 def _bytes(number: str, unit: str) -> int:

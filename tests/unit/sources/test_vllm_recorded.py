@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tunerd.sources.engine_log import diagnose
+from tunerd.sources.engine_log import diagnose, passed_through
 from tunerd.sources.vllm_metrics import parse
 
 VLLM = Path(__file__).parents[2] / "data" / "vllm"
@@ -117,3 +117,23 @@ def test_diagnose_recorded_unrecognized_flag() -> None:
     assert result.crash is not None
     assert (result.crash.kind, result.crash.phase) == ("invalid_config", "startup")
     assert "unrecognized arguments: --swap-space" in result.crash.message
+
+
+def test_a_real_start_up_failure_passes_its_warnings_and_errors_into_tunerds_log() -> None:
+    """``log_passthrough: warnings`` on vLLM's own log: its WARNING and ERROR lines and the
+    raw traceback its process printed pass; its INFO lines stay in the engine's log."""
+    lines = (VLLM / "startup-fail-max-model-len-0.32.log").read_text().splitlines()
+    levels = [passed_through(line, "warnings") for line in lines]
+    passed = [line for line, level in zip(lines, levels, strict=True) if level is not None]
+    assert not [line for line in passed if ") INFO " in line]
+    assert sum(") INFO " in line for line in lines) > 20
+    assert [line for line in passed if ") WARNING " in line] == [
+        line for line in lines if ") WARNING " in line
+    ]
+    assert levels[
+        lines.index(next(line for line in lines if "ERROR" in line and "EngineCore failed" in line))
+    ] == ("error")
+    assert "Traceback (most recent call last):" in passed  # printed without vLLM's prefix
+    assert "Process EngineCore:" in passed
+    assert all(passed_through(line, "all") is not None for line in lines if line.strip())
+    assert all(passed_through(line, "none") is None for line in lines)

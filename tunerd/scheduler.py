@@ -1,0 +1,118 @@
+"""The daemon's jobs on APScheduler 3: when each piece of work runs, and on which thread.
+
+Two one-thread executors keep the daemon's two rules:
+
+- ``gpu`` runs the GPU sampling job alone, so a tick blocked for minutes by an engine restart,
+  a slow webhook or a slow scrape never delays a reading — nor the systemd watchdog ping that
+  follows each reading (a hung driver read stops the pings, and systemd restarts tunerd);
+- ``loop`` runs every job that reads or changes the state database — the tick, the death
+  watch, housekeeping — one at a time on one thread, so two engines' restarts never overlap
+  and the database is never used by two threads at once;
+- ``logs`` passes the engines' log lines into tunerd's log, also while a restart holds the
+  loop (the new engine's start-up lines are the ones a person wants to see then).
+
+Every job has ``max_instances=1`` (a tick still running when the next falls due is skipped,
+not stacked) and ``coalesce=True`` with a misfire grace of one interval (runs missed while the
+host was suspended or starved become one late run, not a burst). Skips and misses are counted
+per job; a job's exception is handed to ``on_error`` (the daemon logs it and, after a few in a
+row, stops so that systemd restarts it clean).
+
+APScheduler decides *when* a job runs, on the wall clock; what a job sees as *now* comes from
+the daemon's injected :class:`~tunerd.clock.Clock` (a test's, or the simulator's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    JobEvent,
+    JobExecutionEvent,
+)
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+__all__ = ["GPU", "LOGS", "LOOP", "Jobs"]
+
+GPU = "gpu"
+LOOP = "loop"
+LOGS = "logs"
+
+# APScheduler logs a skipped run as a WARNING on every occurrence (each death-watch run while a
+# restart holds the loop thread): the counts below say it once, in tunerd's status and metrics.
+_QUIET = logging.getLogger("tunerd.scheduler")
+_QUIET.setLevel(logging.CRITICAL)
+_QUIET.propagate = False
+
+
+class Jobs:
+    """A started ``BackgroundScheduler`` with the ``gpu`` and ``loop`` executors."""
+
+    def __init__(self, on_error: Callable[[str, BaseException, str | None], None]) -> None:
+        self.on_error = on_error
+        self.skipped: Counter[str] = Counter()  # runs not started: the previous still running
+        self.missed: Counter[str] = Counter()  # runs later than their grace time
+        self.runs: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()  # runs that raised
+        self.scheduler = BackgroundScheduler(
+            executors={GPU: ThreadPoolExecutor(1), LOOP: ThreadPoolExecutor(1), LOGS: ThreadPoolExecutor(1)},
+            job_defaults={"max_instances": 1, "coalesce": True},
+            timezone=UTC,
+            logger=_QUIET,
+        )
+        self.scheduler.add_listener(
+            self._on_event, EVENT_JOB_ERROR | EVENT_JOB_EXECUTED | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED
+        )
+        self.scheduler.start()
+
+    def every(
+        self, job_id: str, seconds: float, func: Callable[[], object], executor: str, now: bool = True
+    ) -> None:
+        """Run ``func`` every ``seconds`` on ``executor`` (first at once when ``now``)."""
+        first = {"next_run_time": datetime.now(UTC)} if now else {}  # None would add it paused
+        self.scheduler.add_job(
+            func,
+            "interval",
+            seconds=seconds,
+            id=job_id,
+            executor=executor,
+            misfire_grace_time=max(1, round(seconds)),
+            replace_existing=True,
+            **first,
+        )
+
+    def has(self, job_id: str) -> bool:
+        return self.scheduler.get_job(job_id) is not None
+
+    def run_soon(self, job_id: str) -> None:
+        """Bring ``job_id``'s next run forward to now (it still waits for a run in progress)."""
+        if self.has(job_id):
+            self.scheduler.modify_job(job_id, next_run_time=datetime.now(UTC))
+
+    def remove(self, *job_ids: str) -> None:
+        for job_id in job_ids:
+            if self.has(job_id):
+                self.scheduler.remove_job(job_id)
+
+    def shutdown(self) -> None:
+        """Stop scheduling and wait for the jobs in progress to finish."""
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
+
+    def _on_event(self, event: JobEvent) -> None:
+        if event.code == EVENT_JOB_MAX_INSTANCES:
+            self.skipped[event.job_id] += 1
+        elif event.code == EVENT_JOB_MISSED:
+            self.missed[event.job_id] += 1
+        elif isinstance(event, JobExecutionEvent):
+            self.runs[event.job_id] += 1
+            if event.code == EVENT_JOB_ERROR and event.exception is not None:
+                self.errors[event.job_id] += 1
+                self.on_error(event.job_id, event.exception, event.traceback)
