@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_metrics_parse.py
 	$(BIN)/python bench/bench_policy_eval.py
 	$(BIN)/python bench/bench_respawn.py
+	$(BIN)/python bench/bench_idle.py 60
 
 lint: $(STAMP)
 	$(BIN)/ruff check tunerd tests bench

@@ -7,7 +7,8 @@ own ``/metrics`` serving. After a warm-up, the daemon's CPU time is read from
 ``/proc/PID/stat`` (utime + stime, clock ticks) at the start and end of ``SECONDS``, and its
 RSS from ``/proc/PID/status`` once a second. Only tunerd's own process is counted: the
 simulator is the engine's cost, not tunerd's. Printed: CPU as a share of one core over the
-whole window, the median and the highest RSS, against the targets.
+whole window (and the median of its 10 s windows), the median and the highest RSS, against
+the targets.
 
     python bench/bench_idle.py [SECONDS]     # default 60
 """
@@ -32,6 +33,7 @@ from tunerd.state import State
 ROOT = Path(__file__).parents[1]
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 CPU_TARGET = 0.01  # of one core
+WINDOW_S = 10.0  # the CPU share is also printed per window of this length, with their median
 RSS_TARGET = 80 * 1024 * 1024
 
 
@@ -103,10 +105,15 @@ def main(seconds: float) -> int:
                 time.sleep(0.2)
             time.sleep(5)  # warm-up: the first start, imports, the first ticks
             cpu_before, wall_before = _cpu_seconds(tunerd.pid), time.monotonic()
-            rss = []
+            window = (cpu_before, wall_before)
+            rss, windows = [], []
             while time.monotonic() - wall_before < seconds:
                 rss.append(_rss_bytes(tunerd.pid))
                 time.sleep(1.0)
+                if time.monotonic() - window[1] >= WINDOW_S:
+                    now = (_cpu_seconds(tunerd.pid), time.monotonic())
+                    windows.append((now[0] - window[0]) / (now[1] - window[1]))
+                    window = now
             cpu = (_cpu_seconds(tunerd.pid) - cpu_before) / (time.monotonic() - wall_before)
         finally:
             tunerd.send_signal(signal.SIGTERM)
@@ -118,10 +125,15 @@ def main(seconds: float) -> int:
                 os.killpg(record.pid, signal.SIGKILL)
     mib = 1024 * 1024
     print(f"idle tunerd over {seconds:g} s (4 Hz GPU, 0.5 Hz metrics, {len(rss)} RSS readings):")
+    per_window = ", ".join(f"{share * 100:.2f}" for share in windows)
     print(
-        f"  CPU  {cpu * 100:.2f} % of one core   "
+        f"  CPU  {cpu * 100:.2f} % of one core over the whole window   "
         f"(target ≤ {CPU_TARGET * 100:g} %: ratio {cpu / CPU_TARGET:.2f})"
     )
+    if windows:
+        print(
+            f"       median of {WINDOW_S:g} s windows {statistics.median(windows) * 100:.2f} % ({per_window})"
+        )
     print(
         f"  RSS  median {statistics.median(rss) / mib:.1f} MiB, highest {max(rss) / mib:.1f} MiB   "
         f"(target ≤ {RSS_TARGET / mib:g} MiB: ratio {max(rss) / RSS_TARGET:.2f})"

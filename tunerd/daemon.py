@@ -18,13 +18,14 @@ same.
 Threads (:mod:`tunerd.scheduler`, APScheduler 3 jobs). The *loop* executor — one thread —
 owns the state database and runs everything that changes something: the tick each metrics
 interval (restarts block it, so two engines' restarts never overlap), a reload (SIGHUP) at the
-start of a tick, housekeeping each minute, and a death watch each :data:`DEATH_POLL_S` that
-brings the tick forward when an engine dies or a reload is asked for — so a crash is handled
-within that, not a whole interval. The *gpu* executor runs the GPU sampling job
-(:class:`~tunerd.sampler.Sampler`) and feeds systemd's watchdog, so a restart of minutes never
-silences the watchdog and a hung driver read does. The status API and the metrics endpoint
-serve what the loop last published, from threads of their own, and never touch the database.
-The caller of :meth:`Daemon.run` only waits for the stop.
+start of a tick, housekeeping each minute. The *gpu* executor runs the GPU sampling job
+(:class:`~tunerd.sampler.Sampler`, 4 times a second by default): it feeds systemd's watchdog,
+so a restart of minutes never silences the watchdog and a hung driver read does, and after
+each reading it looks for a dead engine or a reload asked for and brings the tick forward — so
+a crash is handled within a sampling period, not a whole interval. The *logs* executor passes
+the engines' log lines into tunerd's log. The status API and the metrics endpoint serve what
+the loop last published, from threads of their own, and never touch the database. The caller
+of :meth:`Daemon.run` only waits for the stop.
 """
 
 from __future__ import annotations
@@ -101,9 +102,8 @@ def _metrics_fields(snapshot: MetricsSnapshot | None) -> dict[str, Any] | None:
 
 HOUSEKEEPING_S = 60.0  # engine logs rotated by size, the state's write-ahead log folded in
 LOG_MAX_BYTES = 64 << 20
-LOG_PASS_S = 0.5  # how often the engines' new log lines are passed into tunerd's log
-LOG_PASS_MAX = 1000  # lines per engine per pass; the rest are counted, not logged
-DEATH_POLL_S = 0.2  # how often the death watch looks for a dead engine (a waitpid or a /proc read)
+LOG_PASS_S = 1.0  # how often the engines' new log lines are passed into tunerd's log
+LOG_PASS_MAX = 2000  # lines per engine per pass; the rest are counted, not logged
 RETENTION_S = 6 * 3600  # what the store keeps of each signal (the longest policy window)
 TICK_FAILURES_TO_STOP = 3  # ticks failing in a row (a bug, a broken disk): stop, systemd restarts
 FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
@@ -345,7 +345,6 @@ class Daemon:
         assert jobs is not None
         jobs.every("tick", self.config.metrics.interval, self._tick_job, LOOP)
         jobs.every("housekeeping", HOUSEKEEPING_S, self.housekeeping, LOOP)
-        jobs.every("death-watch", DEATH_POLL_S, self._death_watch, LOOP, now=False)
         try:
             while not self._stop.wait(1.0):
                 pass
@@ -371,7 +370,9 @@ class Daemon:
             self._stop.set()
 
     def _death_watch(self) -> None:
-        """Bring the tick forward when an engine died or a reload was asked for."""
+        """After each GPU reading (on the sampling thread): bring the tick forward when an
+        engine died or a reload was asked for. It only reads — the tick, on the loop thread,
+        does the rest — and a hung GPU read delays it no more than the tick's own look."""
         if self.jobs is not None and (self._engine_died() or self.reload_requested.is_set()):
             self.jobs.run_soon("tick")
 
@@ -552,7 +553,7 @@ class Daemon:
     def _start_sampling(self) -> None:
         if self.jobs is None:
             self.jobs = Jobs(self._job_failed)
-            self.sampler.schedule(self.jobs)
+            self.sampler.schedule(self.jobs, then=self._death_watch)
             for loop in self.engines:  # from here on: what the engines write from now
                 if loop.config.log_passthrough != "none" and loop.log is None:
                     loop.log = FileFollower(loop.supervisor.spec.log_path)

@@ -11,6 +11,8 @@ sampling stops (a wedged driver, a hung read), and systemd restarts tunerd
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.scheduler import GPU, Jobs
 from tunerd.sdnotify import Notifier
@@ -48,11 +50,18 @@ class Sampler:
         """Seconds since the newest reading (None before the first)."""
         return None if self._latest_at is None else self.clock.monotonic() - self._latest_at
 
-    def schedule(self, jobs: Jobs) -> None:
+    def schedule(self, jobs: Jobs, then: Callable[[], object] | None = None) -> None:
         """Take the first reading now (before anything asks for one), then every period on the
-        scheduler's ``gpu`` thread."""
+        scheduler's ``gpu`` thread; ``then`` runs after each reading (the daemon's look for a
+        dead engine: one scheduled run instead of two)."""
         self.sample_once()
-        jobs.every("gpu-sample", self.period, self.sample_job, GPU, now=False)
+
+        def job() -> None:
+            self.sample_job()
+            if then is not None:
+                then()
+
+        jobs.every("gpu-sample", self.period, job, GPU, now=False)
 
     def sample_once(self) -> GpuReading:
         reading = self.gpu.sample()

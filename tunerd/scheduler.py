@@ -5,8 +5,8 @@ Two one-thread executors keep the daemon's two rules:
 - ``gpu`` runs the GPU sampling job alone, so a tick blocked for minutes by an engine restart,
   a slow webhook or a slow scrape never delays a reading — nor the systemd watchdog ping that
   follows each reading (a hung driver read stops the pings, and systemd restarts tunerd);
-- ``loop`` runs every job that reads or changes the state database — the tick, the death
-  watch, housekeeping — one at a time on one thread, so two engines' restarts never overlap
+- ``loop`` runs every job that reads or changes the state database — the tick and
+  housekeeping — one at a time on one thread, so two engines' restarts never overlap
   and the database is never used by two threads at once;
 - ``logs`` passes the engines' log lines into tunerd's log, also while a restart holds the
   loop (the new engine's start-up lines are the ones a person wants to see then).
@@ -45,7 +45,7 @@ GPU = "gpu"
 LOOP = "loop"
 LOGS = "logs"
 
-# APScheduler logs a skipped run as a WARNING on every occurrence (each death-watch run while a
+# APScheduler logs a skipped run as a WARNING on every occurrence (each tick that fell due while a
 # restart holds the loop thread): the counts below say it once, in tunerd's status and metrics.
 _QUIET = logging.getLogger("tunerd.scheduler")
 _QUIET.setLevel(logging.CRITICAL)
@@ -67,6 +67,9 @@ class Jobs:
             timezone=UTC,
             logger=_QUIET,
         )
+        # every job's runs fall on this anchor plus whole intervals, so jobs whose intervals
+        # divide each other (0.25 s sampling, 1 s logs, 2 s tick) share the scheduler's wake-ups
+        self._anchor = datetime.now(UTC)
         self.scheduler.add_listener(
             self._on_event, EVENT_JOB_ERROR | EVENT_JOB_EXECUTED | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED
         )
@@ -81,6 +84,7 @@ class Jobs:
             func,
             "interval",
             seconds=seconds,
+            start_date=self._anchor,
             id=job_id,
             executor=executor,
             misfire_grace_time=max(1, round(seconds)),

@@ -37,7 +37,7 @@ VIEW = MetricsView(
     actions=(("main", "kv-pool-saturated", "tune", "succeeded", 3),),
     scrape_errors={"main": 4},
     sampling_lag_seconds=0.12,
-    jobs_skipped={"tick": 7, "death-watch": 30},
+    jobs_skipped={"tick": 7, "gpu-sample": 30},
     job_errors={"tick": 1},
 )
 
@@ -90,7 +90,7 @@ def test_the_view_as_prometheus_reads_it() -> None:
     assert samples[("tunerd_kv_cache_usage", (("engine", "main"),))] == 1.0
     assert samples[("tunerd_sampling_lag_seconds", ())] == 0.12
     assert samples[("tunerd_jobs_skipped_total", (("job", "tick"),))] == 7
-    assert samples[("tunerd_jobs_skipped_total", (("job", "death-watch"),))] == 30
+    assert samples[("tunerd_jobs_skipped_total", (("job", "gpu-sample"),))] == 30
     assert samples[("tunerd_job_errors_total", (("job", "tick"),))] == 1
 
 

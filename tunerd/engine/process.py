@@ -374,6 +374,17 @@ class EngineProcess:
         live = read_identity(self.pid)
         return live is not None and live.start_ticks == self.identity.start_ticks
 
+    def log_settled(self) -> bool:
+        """Nothing more will be written to the log: no process of the engine's group is left
+        (an engine-core child can still be printing after the main process exited)."""
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
     @property
     def returncode(self) -> int | None:
         """The exit status (negative: killed by that signal); None while running or adopted."""

@@ -59,7 +59,8 @@ STEPS = ("intent", "stopping", "starting", "verifying", "probation")
 _POLL_S = 0.2
 # After the engine's main process is gone its log may still grow for a moment: systemd mode
 # copies it from the journal (journald, then ``journalctl -f``, each a hop behind), and in
-# supervise mode the engine's own children can outlive it by a few lines. The diagnosis waits
+# supervise mode the engine's own children can outlive it by a few lines. Unless the engine
+# says no writer is left (supervise mode: its process group is empty), the diagnosis waits
 # until the log has been still this long, at most _LOG_SETTLE_S.
 _LOG_STILL_S = 0.5
 _LOG_SETTLE_S = 3.0
@@ -77,6 +78,7 @@ class Engine(Protocol):
     @property
     def returncode(self) -> int | None: ...
     def alive(self) -> bool: ...
+    def log_settled(self) -> bool: ...  # nothing more will be written to log_path
     def stop(self, timeout: float) -> StopResult: ...
     def close(self) -> None: ...
 
@@ -460,6 +462,8 @@ class Supervisor:
     def _diagnose_exited(self, process: Engine) -> LogDiagnosis:
         """The diagnosis of an engine whose main process is gone, once its log has caught up
         (read too early, the failure text is not there yet: "nothing recognised")."""
+        if process.log_settled():
+            return self._diagnose(process)  # no writer left: nothing to wait for
         deadline = self.clock.monotonic() + _LOG_SETTLE_S
         size, still_since = _log_size(process.log_path), self.clock.monotonic()
         while self.clock.monotonic() < deadline:

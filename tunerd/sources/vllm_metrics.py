@@ -22,13 +22,14 @@ rate.
 
 from __future__ import annotations
 
+import http.client
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+from tunerd.sources.http import KeptAlive
 
 __all__ = [
     "COUNTERS",
@@ -370,37 +371,36 @@ class CounterRates:
 
 
 class MetricsClient:
-    """Fetches ``/metrics`` (and ``/health``) over one pooled connection, with timeouts."""
+    """Fetches ``/metrics`` (and ``/health``) over one kept-alive connection, with timeouts
+    (:class:`~tunerd.sources.http.KeptAlive`: read every tick, so the cheap client)."""
 
-    def __init__(self, url: str, timeout: float = 2.0, client: httpx.Client | None = None) -> None:
+    def __init__(self, url: str, timeout: float = 2.0) -> None:
         self.base_url = url.rstrip("/")
-        self._client = client or httpx.Client(timeout=httpx.Timeout(timeout))
-        self._owns_client = client is None
+        self._http = KeptAlive(url, timeout)
 
     def fetch(self) -> str:
         """The page's text; :class:`ScrapeError` when it cannot be had."""
         url = f"{self.base_url}/metrics"
         try:
-            response = self._client.get(url)
-        except httpx.ConnectError as error:
-            raise ScrapeError("refused", f"{url}: connection refused ({error})") from None
-        except httpx.TimeoutException:
-            raise ScrapeError("timeout", f"{url}: no answer within the timeout") from None
-        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as error:
+            status, body = self._http.get("/metrics")
+        except ValueError as error:
             raise ScrapeError("invalid_url", f"{url}: not a usable URL ({error})") from None
-        except httpx.HTTPError as error:
+        except ConnectionRefusedError as error:
+            raise ScrapeError("refused", f"{url}: connection refused ({error})") from None
+        except TimeoutError:
+            raise ScrapeError("timeout", f"{url}: no answer within the timeout") from None
+        except (OSError, http.client.HTTPException) as error:
             raise ScrapeError("error", f"{url}: {type(error).__name__}: {error}") from None
-        if response.status_code != 200:
-            raise ScrapeError("http", f"{url}: HTTP {response.status_code}")
-        return response.text
+        if status != 200:
+            raise ScrapeError("http", f"{url}: HTTP {status}")
+        return body.decode("utf-8", "replace")
 
     def health(self) -> int | None:
         """``/health``'s status code (200 up, 503 engine dead), ``None`` when unreachable."""
         try:
-            return self._client.get(f"{self.base_url}/health").status_code
-        except (httpx.HTTPError, httpx.InvalidURL):
+            return self._http.get("/health")[0]
+        except (OSError, http.client.HTTPException, ValueError):
             return None
 
     def close(self) -> None:
-        if self._owns_client:
-            self._client.close()
+        self._http.close()
