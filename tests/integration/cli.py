@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,11 +15,17 @@ from typing import Any
 __all__ = ["TunerdRun", "run_tunerd"]
 
 
+def _kept(name: str) -> Path | None:
+    """Where a copy of a command's output goes for the session's secret search (conftest)."""
+    folder = os.environ.get("TUNERD_TEST_OUTPUT")
+    return Path(folder) / f"{name}-{os.getpid()}-{time.monotonic_ns()}.log" if folder else None
+
+
 def run_tunerd(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """``tunerd ARGS…`` with this interpreter; its output captured, its exit status not checked."""
-    return subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "tunerd", *args],
         capture_output=True,
         text=True,
@@ -26,6 +33,9 @@ def run_tunerd(
         check=False,
         env={**os.environ, **(env or {})},
     )
+    if (kept := _kept(args[0] if args else "tunerd")) is not None:
+        kept.write_text(f"$ tunerd {' '.join(args)}\n{done.stdout}\n{done.stderr}")
+    return done
 
 
 class TunerdRun:
@@ -44,8 +54,12 @@ class TunerdRun:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
+        kept = _kept("run")
+        with kept.open("a") if kept is not None else contextlib.nullcontext() as copy:
+            for line in self.process.stdout:
+                self.lines.append(line.rstrip("\n"))
+                if copy is not None:
+                    copy.write(line)
 
     def events(self, name: str) -> list[dict[str, Any]]:
         found = []
