@@ -10,17 +10,30 @@ shorthand for a list of one. Policy globs are resolved relative to the config fi
 from __future__ import annotations
 
 import glob
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tunerd.engine.args import command_problems
+from tunerd.notify.sink import Target
 from tunerd.policy.schema import Duration
 from tunerd.tune import TUNABLES, validate_value
+from tunerd.units import parse_duration
 from tunerd.yamlfile import Problem, YamlError, load_yaml, located
 
-__all__ = ["DEFAULT_CONFIG", "Config", "ConfigError", "EngineConfig", "load_config"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "Config",
+    "ConfigError",
+    "EngineConfig",
+    "NotifyConfig",
+    "load_config",
+    "notify_targets",
+    "rate_of",
+]
 
 DEFAULT_CONFIG = "/etc/tunerd/tunerd.yaml"
 RUN_DIR = Path("/run/tunerd")
@@ -89,6 +102,41 @@ class GuardsConfig(_Strict):
     shared_gpu_max: float = Field(default=0.95, gt=0, le=1)  # engines sharing a GPU: summed utilization
 
 
+class NotifyConfig(_Strict):
+    """One chat sink (DESIGN §4.8): where (``url_env``, the name of the variable holding the
+    URL — tokens live in it — or ``url``), how to sign (``secret_env``), the language, the least
+    severity it gets, and optionally its own rate limit (``rate: 20/1m``; default the service's)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    kind: Literal["feishu", "dingtalk", "wecom", "slack", "teams", "discord", "webhook", "alertmanager"]
+    url_env: str | None = None
+    url: str | None = None
+    secret_env: str | None = None
+    language: Literal["en", "zh"] = "en"
+    min_severity: Literal["info", "warning", "critical"] = "info"
+    rate: str | None = None
+
+    @model_validator(mode="after")
+    def _one_url(self) -> NotifyConfig:
+        if (self.url_env is None) == (self.url is None):
+            raise ValueError("give the URL as url_env: (a variable's name) or url:, one of them")
+        if self.rate is not None:
+            rate_of(self.rate)
+        return self
+
+
+def rate_of(text: str) -> tuple[int, float]:
+    """``20/1m`` → (20, 60.0): messages per duration."""
+    count, _, per = text.partition("/")
+    try:
+        messages, seconds = int(count), parse_duration(per or "1s")
+    except ValueError:
+        raise ValueError(f"rate is MESSAGES/DURATION such as 20/1m, not {text!r}") from None
+    if messages < 1 or seconds <= 0:
+        raise ValueError(f"rate needs at least 1 message per a positive duration, not {text!r}")
+    return messages, seconds
+
+
 class Config(_Strict):
     engines: list[EngineConfig] = Field(min_length=1)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
@@ -97,7 +145,7 @@ class Config(_Strict):
     mode: Literal["observe", "advise", "act"] = "advise"
     policies: list[str] = Field(default_factory=lambda: ["/etc/tunerd/policies/*.yaml"])
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
-    notify: list[dict[str, Any]] = Field(default_factory=list)
+    notify: list[NotifyConfig] = Field(default_factory=list)
     state_dir: str = "/var/lib/tunerd"
     listen: dict[str, str] = Field(default_factory=dict)
     source_file: str = ""
@@ -135,6 +183,51 @@ def _pydantic_problems(error: ValidationError, prefix: tuple[str | int, ...]) ->
             message = "unknown field"
         problems.append(Problem(tuple(path), message))
     return problems
+
+
+def _notify_problems(raw: Any, environ: Mapping[str, str]) -> list[Problem]:
+    """What the schema cannot see: the variables named are set, names are unique, a Teams URL
+    is not a retired connector."""
+    problems: list[Problem] = []
+    if not isinstance(raw, list):
+        return problems
+    seen: set[str] = set()
+    for index, sink in enumerate(raw):
+        if not isinstance(sink, dict):
+            continue
+        if (name := sink.get("name")) in seen:
+            problems.append(Problem(("notify", index, "name"), f"duplicate sink name '{name}'"))
+        seen.add(str(name))
+        for key in ("url_env", "secret_env"):
+            variable = sink.get(key)
+            if isinstance(variable, str) and not environ.get(variable):
+                problems.append(
+                    Problem(("notify", index, key), f"{variable} is not set in tunerd's environment")
+                )
+        url = sink.get("url") or environ.get(str(sink.get("url_env")), "")
+        if sink.get("kind") == "teams" and "webhook.office.com" in url:
+            problems.append(
+                Problem(
+                    ("notify", index, "kind"),
+                    "Office 365 connector URLs (*.webhook.office.com) are retired: use a Teams Workflows URL",
+                )
+            )
+    return problems
+
+
+def notify_targets(config: Config, environ: Mapping[str, str]) -> list[Target]:
+    """The sinks with their URLs and secrets read from ``environ`` (never kept in the config)."""
+    return [
+        Target(
+            name=sink.name,
+            kind=sink.kind,
+            url=sink.url or environ.get(sink.url_env or "", ""),
+            secret=environ.get(sink.secret_env) if sink.secret_env else None,
+            language=sink.language,
+            min_severity=sink.min_severity,
+        )
+        for sink in config.notify
+    ]
 
 
 def _engine_problems(raw: dict[str, Any], path: tuple[str | int, ...]) -> list[Problem]:
@@ -240,6 +333,7 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
                 problems.append(Problem((block, "source"), "source: sim needs url: (the simulator's URL)"))
             elif raw.get("url") and raw.get("source") != "sim":
                 problems.append(Problem((block, "url"), "url: is only for source: sim"))
+    problems += _notify_problems(data.get("notify"), os.environ)
     config = None
     try:
         config = Config.model_validate({**data, "source_file": str(path)})

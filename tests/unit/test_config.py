@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import typing
 from pathlib import Path
 
 import pytest
 
-from tunerd.config import ConfigError, load_config
+from tunerd.config import ConfigError, NotifyConfig, load_config, notify_targets, rate_of
+from tunerd.notify.sinks import KINDS
 
 DESIGN_EXAMPLE = """\
 engines:
@@ -35,7 +38,10 @@ listen: {metrics: 127.0.0.1:9464, status: /run/tunerd/tunerd.sock}
 """
 
 
-def test_the_design_example_loads(tmp_path: Path) -> None:
+def test_the_design_example_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the service's EnvironmentFile holds the sink's URL and secret
+    monkeypatch.setenv("TUNERD_FEISHU_URL", "https://open.feishu.cn/open-apis/bot/v2/hook/t0ken")
+    monkeypatch.setenv("TUNERD_FEISHU_SECRET", "feishu-secret-value")
     (tmp_path / "policies").mkdir()
     for name in ("b.yaml", "a.yaml"):
         (tmp_path / "policies" / name).write_text("version: 1\npolicies: []\n")
@@ -136,3 +142,47 @@ def test_hooks_are_argv_lists_with_known_names() -> None:
     )
     assert good.engines[0].hooks == {"pre_stop": ["lb-drain", "a"]}
     assert good.engines[0].hook_timeout == 30.0
+
+
+def test_notify_sinks_are_checked_with_their_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNERD_FEISHU_URL", "https://open.feishu.cn/open-apis/bot/v2/hook/t0ken")
+    monkeypatch.setenv("TUNERD_TEAMS_URL", "https://acme.webhook.office.com/webhookb2/x")
+    monkeypatch.delenv("TUNERD_DING_URL", raising=False)
+    problems = _problems(
+        "engine: {name: a, command: [x]}\n"
+        "notify:\n"
+        "  - {name: ops, kind: feishu, url_env: TUNERD_FEISHU_URL, secret_env: TUNERD_NOPE_SECRET}\n"  # 3
+        "  - {name: ops, kind: dingtalk, url_env: TUNERD_DING_URL}\n"  # 4
+        "  - {name: t, kind: teams, url_env: TUNERD_TEAMS_URL}\n"  # 5
+        "  - {name: p, kind: pager, url: 'http://x'}\n"  # 6
+        "  - {name: w, kind: webhook, url: 'http://x', url_env: TUNERD_FEISHU_URL, rate: fast}\n"  # 7
+    )
+    text = "\n".join(problems)
+    assert "c.yaml:3: notify[0].secret_env: TUNERD_NOPE_SECRET is not set in tunerd's environment" in text
+    assert "c.yaml:4: notify[1].name: duplicate sink name 'ops'" in text
+    assert "c.yaml:4: notify[1].url_env: TUNERD_DING_URL is not set in tunerd's environment" in text
+    assert "c.yaml:5: notify[2].kind: Office 365 connector URLs (*.webhook.office.com) are retired" in text
+    assert any(p.startswith("c.yaml:6: notify[3].kind:") for p in problems)
+    assert any(p.startswith("c.yaml:7: notify[4]:") and "one of them" in p for p in problems)
+
+
+def test_notify_targets_read_urls_and_secrets_from_the_environment() -> None:
+    config = load_config(
+        "c.yaml",
+        "engine: {name: a, command: [x]}\n"
+        "notify: [{name: ops, kind: dingtalk, url_env: TUNERD_CANARY_URL, secret_env: TUNERD_CANARY_SECRET,"
+        " language: zh, min_severity: warning, rate: 10/1m}]\n",
+    )
+    [target] = notify_targets(config, os.environ)
+    assert (target.name, target.kind, target.language, target.min_severity) == (
+        "ops",
+        "dingtalk",
+        "zh",
+        "warning",
+    )
+    assert (target.url, target.secret) == (
+        os.environ["TUNERD_CANARY_URL"],
+        os.environ["TUNERD_CANARY_SECRET"],
+    )
+    assert rate_of(config.notify[0].rate or "") == (10, 60.0)
+    assert set(typing.get_args(NotifyConfig.model_fields["kind"].annotation)) == set(KINDS)

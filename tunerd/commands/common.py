@@ -13,6 +13,7 @@ __all__ = [
     "EXIT_OK",
     "Parser",
     "UsageError",
+    "positive_float",
     "positive_int",
     "size",
     "token_count",
@@ -42,6 +43,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
 
 

@@ -1,0 +1,271 @@
+"""The dispatcher against a local receiver playing each service (tests/integration/notify_receiver.py):
+success, HTTP 5xx, 429 with its hint, an error code inside HTTP 200, timeouts, a refused
+connection — each ends delivered after retries or in the dead-letter file, as documented; rate
+limits hold under a burst; a hanging sink blocks nothing; no secret reaches a log line or the
+dead-letter file."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+
+from tests.integration.notify_receiver import Answer, receiver
+from tunerd.notify.alert import Alert, fingerprint
+from tunerd.notify.dispatch import DEAD_LETTER, Dispatcher
+from tunerd.notify.sink import Rate, Target
+from tunerd.notify.sinks import KINDS
+
+pytestmark = pytest.mark.slow
+SECRET = "SECtest-secret-0123456789abcdef"
+
+
+def alert(number: int = 0, severity: str = "warning", **changes: Any) -> Alert:
+    fields: dict[str, Any] = {
+        "severity": severity,
+        "status": "firing",
+        "title": f"kv-pool-saturated #{number}",
+        "summary": "KV pool 97 % used",
+        "engine": "main",
+        "host": "box",
+        "time": time.time(),
+        "policy": "kv-pool-saturated",
+        "fingerprint": fingerprint("main", "kv-pool-saturated", str(number)),
+        **changes,
+    }
+    return Alert(**fields)
+
+
+class Run:
+    """A dispatcher with one sink, what it said, and its dead-letter file."""
+
+    def __init__(self, tmp_path: Path, target: Target, **options: Any) -> None:
+        self.said: list[dict[str, Any]] = []
+        options = {"backoff_base": 0.05, "backoff_max": 0.2, "timeout": 2.0, **options}
+        self.dispatcher = Dispatcher(
+            [target],
+            tmp_path,
+            say=lambda event, **fields: self.said.append({"event": event, **fields}),
+            **options,
+        ).start()
+        self.dead_letter = tmp_path / DEAD_LETTER
+
+    def dead(self) -> list[dict[str, Any]]:
+        if not self.dead_letter.exists():
+            return []
+        return [json.loads(line) for line in self.dead_letter.read_text().splitlines()]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.said if e["event"] == name]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_service_takes_a_message(tmp_path: Path, kind: str) -> None:
+    with receiver(kind) as service:
+        run = Run(
+            tmp_path,
+            Target("ops", kind, service.url, SECRET if kind in ("feishu", "dingtalk", "webhook") else None),
+        )
+        run.dispatcher.submit(alert())
+        [got] = service.wait_for(1)
+        run.dispatcher.close()
+    assert run.events("notify_sent")[0]["alerts"] == 1
+    assert run.dead() == []
+    body = got.json()
+    if kind == "feishu":  # checked as Feishu checks it
+        key = f"{body['timestamp']}\n{SECRET}".encode()
+        assert body["sign"] == base64.b64encode(hmac.new(key, b"", hashlib.sha256).digest()).decode()
+    if kind == "dingtalk":
+        timestamp = got.query["timestamp"][0]
+        digest = hmac.new(SECRET.encode(), f"{timestamp}\n{SECRET}".encode(), hashlib.sha256).digest()
+        assert got.query["sign"][0] == base64.b64encode(digest).decode()  # parse_qs undid the quoting
+        assert abs(int(timestamp) / 1000 - time.time()) < 60
+    if kind == "alertmanager":
+        assert got.path.endswith("/api/v2/alerts")
+    if kind == "webhook":
+        signed = got.headers["X-Tunerd-Timestamp"].encode() + b"." + got.body
+        assert (
+            got.headers["X-Tunerd-Signature"]
+            == "sha256=" + hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
+        )
+
+
+def test_5xx_is_retried_until_delivered(tmp_path: Path) -> None:
+    with receiver("slack") as service:
+        service.answer(Answer(500, b"rollup_error"), Answer(503, b""))
+        run = Run(tmp_path, Target("ops", "slack", service.url))
+        run.dispatcher.submit(alert())
+        got = service.wait_for(3)
+        run.dispatcher.close()
+    assert len(got) == 3
+    assert [e["attempt"] for e in run.events("notify_retry")] == [1, 2]
+    assert "HTTP 500 rollup_error" in run.events("notify_retry")[0]["reason"]
+    assert run.events("notify_sent")[0]["attempt"] == 3
+    assert run.dead() == []
+
+
+def test_429_waits_as_long_as_the_service_asked(tmp_path: Path) -> None:
+    with receiver("discord") as service:
+        hint = b'{"message":"You are being rate limited.","retry_after":1.2,"global":false}'
+        service.answer(Answer(429, hint, {"Retry-After": "1"}))
+        run = Run(tmp_path, Target("ops", "discord", service.url))
+        run.dispatcher.submit(alert())
+        got = service.wait_for(2)
+        run.dispatcher.close()
+    assert len(got) == 2
+    assert got[1].at - got[0].at >= 1.2  # the larger of the two hints
+    assert run.events("notify_retry")[0]["wait"] >= 1.2
+
+
+def test_an_error_code_inside_http_200(tmp_path: Path) -> None:
+    """Feishu's rate-limit code is tried again; DingTalk's security failure is refused for good."""
+    with receiver("feishu") as feishu:
+        feishu.answer(Answer(200, b'{"code":11232,"msg":"frequency limited"}'))
+        run = Run(tmp_path / "feishu", Target("fs", "feishu", feishu.url))
+        run.dispatcher.submit(alert())
+        assert len(feishu.wait_for(2)) == 2
+        run.dispatcher.close()
+    assert run.events("notify_sent")
+    assert run.dead() == []
+    with receiver("dingtalk") as dingtalk:
+        dingtalk.answer(Answer(200, b'{"errcode":310000,"errmsg":"keywords not in content"}'))
+        run = Run(tmp_path / "ding", Target("dt", "dingtalk", dingtalk.url))
+        run.dispatcher.submit(alert())
+        deadline = time.monotonic() + 5
+        while not run.dead() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        run.dispatcher.close()
+        assert len(dingtalk.got) == 1  # not tried again
+    [dead] = run.dead()
+    assert dead["reason"] == "errcode 310000: keywords not in content"
+    assert (dead["sink"], dead["kind"], dead["attempts"]) == ("dt", "dingtalk", 1)
+    assert dead["alerts"][0]["title"] == "kv-pool-saturated #0"
+
+
+def test_a_timeout_is_retried(tmp_path: Path) -> None:
+    with receiver("wecom") as service:
+        service.answer(Answer(200, b'{"errcode":0}', delay=3.0))
+        run = Run(tmp_path, Target("ops", "wecom", service.url), timeout=0.5)
+        run.dispatcher.submit(alert())
+        assert len(service.wait_for(2)) == 2
+        deadline = time.monotonic() + 5
+        while not run.events("notify_sent") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        run.dispatcher.close()
+    assert run.events("notify_retry")[0]["reason"] == "no answer within 0.5 s"
+    assert run.events("notify_sent")
+
+
+def test_a_refused_connection_ends_in_the_dead_letter_file_after_the_last_try(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = Run(tmp_path, Target("ops", "webhook", f"http://127.0.0.1:{port}/hook"), max_attempts=3)
+    run.dispatcher.submit(alert(count=4))
+    deadline = time.monotonic() + 10
+    while not run.dead() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    run.dispatcher.close()
+    [dead] = run.dead()
+    assert dead["attempts"] == 3
+    assert dead["reason"].startswith("gave up after 3 tries: ConnectError")
+    assert dead["alerts"][0]["count"] == 4
+    assert run.dispatcher.deliveries()["ops"].dead_alerts == 4
+
+
+def test_a_burst_of_100_keeps_dingtalks_limit_and_loses_nothing(tmp_path: Path) -> None:
+    """20 a minute: 100 alerts within ~2 s make at most 20 messages in that minute; what waits
+    goes out as digests when the limit frees (here: a scaled limit, 20 per 3 s) — every alert
+    counted once."""
+    with receiver("dingtalk") as service:
+        run = Run(tmp_path / "real", Target("dt", "dingtalk", service.url))
+        for number in range(100):
+            run.dispatcher.submit(alert(number))
+            time.sleep(0.02)
+        time.sleep(1.0)
+        in_the_minute = len(service.got)
+        run.dispatcher.close()  # what the limit still holds goes to the dead-letter file
+    assert 1 <= in_the_minute <= 20
+    sent = run.dispatcher.deliveries()["dt"].sent_alerts
+    dead = sum(alert["count"] for record in run.dead() for alert in record["alerts"])
+    assert sent + dead == 100, (sent, dead)
+    assert dead > 0
+    assert {record["reason"] for record in run.dead()} == {"tunerd stopped before it could be sent"}
+
+    with receiver("dingtalk") as service:
+        run = Run(tmp_path / "scaled", Target("dt", "dingtalk", service.url), rates={"dt": Rate(20, 3.0)})
+        for number in range(100):
+            run.dispatcher.submit(alert(number))
+            time.sleep(0.01)
+        deadline = time.monotonic() + 15
+        while run.dispatcher.deliveries()["dt"].sent_alerts < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run.dispatcher.close()
+        got = list(service.got)
+    assert run.dispatcher.deliveries()["dt"].sent_alerts == 100
+    assert run.dead() == []
+    first = got[0].at
+    assert len([g for g in got if g.at - first < 3.0]) <= 20  # the limit held in every window
+    digests = [g.json()["markdown"]["title"] for g in got if "held back" in g.json()["markdown"]["title"]]
+    assert digests  # the rest were grouped into digests, not dropped
+
+
+def test_the_same_condition_repeating_becomes_one_message_with_a_count(tmp_path: Path) -> None:
+    with receiver("slack") as service:
+        run = Run(tmp_path, Target("ops", "slack", service.url), group_window=1.0)
+        run.dispatcher.submit(alert(7))
+        service.wait_for(1)
+        for _ in range(5):
+            run.dispatcher.submit(alert(7))  # within the window: held, counted
+        time.sleep(0.3)
+        assert len(service.got) == 1
+        got = service.wait_for(2, timeout=5)
+        run.dispatcher.close()
+    assert len(got) == 2
+    assert "(repeated 5 times)" in got[1].json()["text"]
+
+
+def test_a_hanging_sink_blocks_neither_submit_nor_the_other_sinks(tmp_path: Path) -> None:
+    with receiver("webhook") as hanging, receiver("slack") as healthy:
+        hanging.answer(Answer(200, b"{}", delay=30.0))
+        dispatcher = Dispatcher(
+            [Target("stuck", "webhook", hanging.url), Target("ok", "slack", healthy.url)],
+            tmp_path,
+            timeout=40,
+        ).start()
+        dispatcher.submit(alert(1))
+        hanging.wait_for(1)
+        started = time.monotonic()
+        for number in range(2, 50):
+            dispatcher.submit(alert(number))
+        took = time.monotonic() - started
+        assert took < 0.1  # 48 submits while a sink hangs
+        assert healthy.wait_for(2, timeout=5)  # the other sink goes on
+        hanging.release.set()
+        dispatcher.close()
+
+
+def test_no_secret_reaches_a_log_line_or_the_dead_letter_file(tmp_path: Path) -> None:
+    with receiver("feishu") as service:
+        url = service.url + "?token=tok-987654321"
+        echoed = json.dumps({"code": 19021, "msg": f"sign match fail for {url} with {SECRET}"}).encode()
+        service.answer(Answer(200, echoed))
+        run = Run(tmp_path, Target("fs", "feishu", url, SECRET))
+        run.dispatcher.submit(alert())
+        deadline = time.monotonic() + 5
+        while not run.dead() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        run.dispatcher.close()
+    text = run.dead_letter.read_text() + json.dumps(run.said)
+    for secret in (SECRET, "secret-token-path", "tok-987654321", url):
+        assert secret not in text
+        assert unquote(secret) not in text
+    assert "[redacted]" in run.dead()[0]["reason"]

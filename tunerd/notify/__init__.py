@@ -1,0 +1,1 @@
+"""Alerts into chat ops: the alert model, one small module per service, the dispatcher."""

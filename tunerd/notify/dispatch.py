@@ -1,0 +1,330 @@
+"""Deliver alerts to the configured sinks, off the daemon's threads, and never lose one silently.
+
+:meth:`Dispatcher.submit` never blocks and does no I/O: it files the alert with every sink
+that wants it (``to:`` names, ``min_severity``) and returns. Each sink has a *lane* with a
+thread of its own, so a sink that hangs delays only itself. A lane:
+
+- keeps the service's rate limit (its module's :data:`RATE`, or the sink's ``rate:``): alerts
+  that arrive while it is spent wait, and when it frees they go out together as one digest
+  message — grouped, never dropped;
+- groups repeats: the same condition (fingerprint and status) again within ``group_window`` of
+  its last message waits out the window and then goes as one message with a count;
+- retries what the service says to retry (5xx, 429, a rate-limit code in the body, a timeout,
+  a refused connection) with capped exponential backoff and jitter, waiting at least what the
+  service asked (``Retry-After``); after ``max_attempts``, or at once for a refusal for good,
+  the alerts go to the dead-letter file (JSON lines: when, which sink, why, the alerts);
+- re-sends firing alerts every :data:`~tunerd.notify.sinks.alertmanager.RESEND_S` for
+  Alertmanager (which expires what is not re-sent) until they resolve;
+- on :meth:`close`, whatever could not be sent in time is written to the dead-letter file.
+
+No URL and no secret is ever logged or written: a reply or an error that quotes them has
+them replaced by ``[redacted]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from tunerd.notify.alert import Alert, iso, severity_at_least
+from tunerd.notify.sink import Outcome, Rate, Request, SinkModule, Target
+from tunerd.notify.sinks import alertmanager, module
+
+__all__ = ["DEAD_LETTER", "Delivery", "Dispatcher", "redactor", "send"]
+
+DEAD_LETTER = "notify-dead-letter.jsonl"
+_MAX_BATCH = 50  # alerts in one digest message
+
+
+def redactor(target: Target) -> Callable[[str], str]:
+    """Replaces the sink's URL (and its path and query, where tokens live) and its secret."""
+    parts = urlsplit(target.url)
+    needles = [target.url, parts.path, parts.query, target.secret or ""]
+    needles = sorted({needle for needle in needles if len(needle) >= 6}, key=len, reverse=True)
+
+    def redact(text: str) -> str:
+        for needle in needles:
+            text = text.replace(needle, "[redacted]")
+        return text
+
+    return redact
+
+
+@dataclass
+class Delivery:
+    """What a lane did, for status, metrics and tests."""
+
+    sent_messages: int = 0
+    sent_alerts: int = 0  # counted with their repeats
+    retries: int = 0
+    dead_alerts: int = 0
+    last_error: str | None = None
+
+
+@dataclass
+class _Lane:
+    target: Target
+    module: SinkModule
+    rate: Rate
+    pending: dict[tuple[str, str], Alert] = field(default_factory=dict)  # (fingerprint, status) → alert
+    held: dict[tuple[str, str], Alert] = field(default_factory=dict)  # repeats waiting out the window
+    last_sent: dict[tuple[str, str], float] = field(default_factory=dict)
+    firing: dict[str, Alert] = field(default_factory=dict)  # Alertmanager: re-sent until resolved
+    sends: deque[float] = field(default_factory=deque)  # monotonic times of recent messages
+    delivery: Delivery = field(default_factory=Delivery)
+    thread: threading.Thread | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        state_dir: str | os.PathLike[str],
+        *,
+        say: Callable[..., None] = lambda event, **fields: None,
+        rates: Mapping[str, Rate] | None = None,
+        group_window: float = 300.0,
+        max_attempts: int = 6,
+        backoff_base: float = 2.0,
+        backoff_max: float = 300.0,
+        timeout: float = 10.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.say = say
+        self.group_window = group_window
+        self.max_attempts = max_attempts
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.timeout = timeout
+        self.wall = wall
+        self.dead_letter = Path(state_dir) / DEAD_LETTER
+        self._lock = threading.Condition()
+        self._closing = False
+        self._dead_lock = threading.Lock()
+        self.lanes = {
+            target.name: _Lane(
+                target, module(target.kind), (rates or {}).get(target.name) or module(target.kind).RATE
+            )
+            for target in targets
+        }
+
+    # -- the daemon's side -------------------------------------------------------------------
+    def start(self) -> Dispatcher:
+        for lane in self.lanes.values():
+            lane.thread = threading.Thread(
+                target=self._work, args=(lane,), name=f"tunerd-notify-{lane.target.name}", daemon=True
+            )
+            lane.thread.start()
+        return self
+
+    def submit(self, alert: Alert, to: Sequence[str] | None = None) -> list[str]:
+        """File ``alert`` with the sinks that want it (all, or those ``to`` names); the names.
+        Never blocks."""
+        chosen = []
+        with self._lock:
+            for name, lane in self.lanes.items():
+                if to is not None and name not in to:
+                    continue
+                if not severity_at_least(alert.severity, lane.target.min_severity):
+                    continue
+                self._file(lane, alert, time.monotonic())
+                chosen.append(name)
+            self._lock.notify_all()
+        return chosen
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Give the lanes ``timeout`` seconds to finish what is due; dead-letter the rest."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        for lane in self.lanes.values():
+            if lane.thread is not None:
+                lane.thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            for lane in self.lanes.values():
+                left = [*lane.pending.values(), *lane.held.values()]
+                lane.pending.clear()
+                lane.held.clear()
+                if left:
+                    self._dead(lane, left, "tunerd stopped before it could be sent", 0)
+            self._lock.notify_all()  # a lane still waiting on its rate limit finds nothing left
+
+    # -- filing ---------------------------------------------------------------------------
+    def _file(self, lane: _Lane, alert: Alert, now: float) -> None:
+        key = (alert.fingerprint, alert.status)
+        if alert.status == "resolved":
+            lane.held.pop((alert.fingerprint, "firing"), None)  # stale repeats of what cleared
+            lane.firing.pop(alert.fingerprint, None)
+        elif lane.module is alertmanager:
+            lane.firing[alert.fingerprint] = alert
+        if key in lane.pending:
+            lane.pending[key] = _merged(lane.pending[key], alert)
+        elif (last := lane.last_sent.get(key)) is not None and now - last < self.group_window:
+            lane.held[key] = _merged(lane.held[key], alert) if key in lane.held else alert
+        else:
+            lane.pending[key] = alert
+
+    # -- a lane's thread ----------------------------------------------------------------------
+    def _work(self, lane: _Lane) -> None:
+        attempt = 0
+        batch: list[Alert] = []
+        not_before = 0.0
+        resend_at = time.monotonic() + alertmanager.RESEND_S
+        while True:
+            with self._lock:
+                while True:
+                    now = time.monotonic()
+                    self._release_held(lane, now)
+                    if lane.module is alertmanager and now >= resend_at:
+                        resend_at = now + alertmanager.RESEND_S
+                        for fingerprint, alert in lane.firing.items():
+                            lane.pending.setdefault((fingerprint, "firing"), alert)
+                    if self._closing and (attempt or not (lane.pending or batch)):
+                        if batch:  # a batch waiting for its next try: no time left for it
+                            self._dead(
+                                lane, batch, f"tunerd stopped; last try: {lane.delivery.last_error}", attempt
+                            )
+                        return  # close() dead-letters what is still pending
+                    wait = self._wait(lane, now, not_before, bool(batch or lane.pending))
+                    if wait <= 0:
+                        break
+                    if lane.module is alertmanager and lane.firing:
+                        wait = min(wait, max(0.0, resend_at - now))
+                    self._lock.wait(wait if wait != float("inf") else None)
+                taken = sorted(lane.pending.values(), key=lambda alert: alert.time)[: _MAX_BATCH - len(batch)]
+                for alert in taken:
+                    del lane.pending[(alert.fingerprint, alert.status)]
+                batch = _merge_into(batch, taken)
+                lane.sends.append(now)
+            outcome = self._send(lane, batch)
+            now = time.monotonic()
+            if outcome.ok:
+                with self._lock:
+                    for alert in batch:
+                        lane.last_sent[(alert.fingerprint, alert.status)] = now
+                    lane.delivery.sent_messages += 1
+                    lane.delivery.sent_alerts += sum(alert.count for alert in batch)
+                self.say(
+                    "notify_sent",
+                    sink=lane.target.name,
+                    alerts=sum(a.count for a in batch),
+                    messages=1,
+                    attempt=attempt + 1,
+                )
+                batch, attempt, not_before = [], 0, 0.0
+                continue
+            attempt += 1
+            lane.delivery.last_error = outcome.detail
+            if outcome.kind == "permanent" or attempt >= self.max_attempts:
+                why = (
+                    outcome.detail
+                    if outcome.kind == "permanent"
+                    else f"gave up after {attempt} tries: {outcome.detail}"
+                )
+                with self._lock:
+                    self._dead(lane, batch, why, attempt)
+                batch, attempt, not_before = [], 0, 0.0
+                continue
+            backoff = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
+            delay = max(backoff, outcome.retry_after or 0.0)
+            lane.delivery.retries += 1
+            self.say(
+                "notify_retry",
+                sink=lane.target.name,
+                reason=outcome.detail,
+                attempt=attempt,
+                wait=round(delay, 2),
+            )
+            not_before = now + delay
+
+    def _wait(self, lane: _Lane, now: float, not_before: float, work: bool) -> float:
+        """Seconds until the lane may send (inf: nothing to send)."""
+        if not work:
+            return min((self._hold_ends(lane) or float("inf")) - now, float("inf"))
+        while lane.sends and now - lane.sends[0] >= lane.rate.seconds:
+            lane.sends.popleft()
+        rate_free = lane.sends[0] + lane.rate.seconds if len(lane.sends) >= lane.rate.messages else now
+        return max(not_before, rate_free) - now
+
+    def _hold_ends(self, lane: _Lane) -> float | None:
+        ends = [lane.last_sent[key] + self.group_window for key in lane.held if key in lane.last_sent]
+        return min(ends) if ends else None
+
+    def _release_held(self, lane: _Lane, now: float) -> None:
+        for key in [key for key in lane.held if now - lane.last_sent.get(key, 0.0) >= self.group_window]:
+            alert = lane.held.pop(key)
+            lane.pending[key] = _merged(lane.pending[key], alert) if key in lane.pending else alert
+
+    def _send(self, lane: _Lane, batch: list[Alert]) -> Outcome:
+        return send(lane.target, batch, self.wall(), self.timeout)
+
+    def _dead(self, lane: _Lane, alerts: Sequence[Alert], why: str, attempts: int) -> None:
+        """Append the alerts to the dead-letter file (the caller holds the lock)."""
+        count = sum(alert.count for alert in alerts)
+        lane.delivery.dead_alerts += count
+        record = {
+            "time": iso(self.wall()),
+            "sink": lane.target.name,
+            "kind": lane.target.kind,
+            "reason": redactor(lane.target)(why),
+            "attempts": attempts,
+            "alerts": [alert.to_dict() for alert in alerts],
+        }
+        try:
+            with self._dead_lock:
+                self.dead_letter.parent.mkdir(parents=True, exist_ok=True)
+                with self.dead_letter.open("a") as out:
+                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    out.flush()
+                    os.fsync(out.fileno())
+        except OSError as error:  # not even the file: say it, with the alerts' titles
+            self.say(
+                "notify_dead_letter_failed",
+                sink=lane.target.name,
+                reason=str(error),
+                titles=[alert.title for alert in alerts],
+            )
+        self.say("notify_dead_letter", sink=lane.target.name, reason=record["reason"], alerts=count)
+
+    def deliveries(self) -> dict[str, Delivery]:
+        return {name: replace(lane.delivery) for name, lane in self.lanes.items()}
+
+
+def send(target: Target, alerts: Sequence[Alert], now: float, timeout: float = 10.0) -> Outcome:
+    """One POST of ``alerts`` to ``target`` and what its reply means; no URL or secret in the
+    outcome's detail."""
+    sink = module(target.kind)
+    try:
+        request: Request = sink.build(alerts, target, now)
+        with httpx.Client(timeout=timeout) as client:
+            reply = client.post(request.url, content=request.body, headers=dict(request.headers))
+        outcome = sink.classify(reply.status_code, reply.headers, reply.content)
+    except httpx.TimeoutException:
+        outcome = Outcome("retry", f"no answer within {timeout:g} s")
+    except httpx.HTTPError as error:
+        outcome = Outcome("retry", f"{type(error).__name__}: {error}")
+    return replace(outcome, detail=redactor(target)(outcome.detail))
+
+
+def _merged(older: Alert, newer: Alert) -> Alert:
+    """The same condition again: the newer text, the first time, the counts added."""
+    return replace(newer, time=older.time, count=older.count + newer.count)
+
+
+def _merge_into(batch: list[Alert], taken: list[Alert]) -> list[Alert]:
+    by_key: dict[tuple[str, str], Alert] = {(a.fingerprint, a.status): a for a in batch}
+    for alert in taken:
+        key = (alert.fingerprint, alert.status)
+        by_key[key] = _merged(by_key[key], alert) if key in by_key else alert
+    return list(by_key.values())
