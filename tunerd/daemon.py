@@ -30,6 +30,8 @@ of :meth:`Daemon.run` only waits for the stop.
 
 from __future__ import annotations
 
+import os
+import socket
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping
@@ -39,13 +41,16 @@ from typing import Any
 
 from tunerd import logs
 from tunerd.clock import SYSTEM_CLOCK, Clock
-from tunerd.config import Config, ConfigError, EngineConfig, load_config
+from tunerd.config import Config, ConfigError, EngineConfig, load_config, notify_targets, rate_of
 from tunerd.engine.args import engine_argv, settings_to_args
 from tunerd.engine.guards import GuardConfig, budget, is_quiet, shared_gpu_refusal
 from tunerd.engine.process import copytruncate, process_tree
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
+from tunerd.notify.alert import Action, Alert, fingerprint
+from tunerd.notify.dispatch import Dispatcher
+from tunerd.notify.sink import Rate
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
@@ -128,6 +133,7 @@ class EngineLoop:
     memory: EngineMemory | None = None  # on its worst GPU, at the last tick
     figures: tuple[int, LogDiagnosis] | None = None  # (pid, its start-up figures from the log)
     log: FileFollower | None = None  # the engine's log from where it was when tunerd started
+    notified: dict[str, Alert] = field(default_factory=dict)  # policy → its last firing alert
 
 
 class Daemon:
@@ -169,8 +175,17 @@ class Daemon:
         self.scrape_errors: dict[str, int] = {}
         self.exporter: Exporter | None = None
         self.reload_requested = threading.Event()  # SIGHUP sets it; the loop reloads between ticks
+        self.host = socket.gethostname()
+        self.dispatcher: Dispatcher | None = self._dispatcher(config)
         now = clock.now()
         self.engines = [self._loop(engine, _guards(config), now) for engine in config.engines]
+
+    def _dispatcher(self, config: Config) -> Dispatcher | None:
+        """The chat sinks' dispatcher (started with the sampling), or None without sinks."""
+        if not config.notify:
+            return None
+        rates = {sink.name: Rate(*rate_of(sink.rate)) for sink in config.notify if sink.rate}
+        return Dispatcher(notify_targets(config, os.environ), config.state_dir, say=self.say, rates=rates)
 
     def _loop(self, engine: EngineConfig, guards: GuardConfig, now: float) -> EngineLoop:
         client = MetricsClient(engine.url)  # one client for /metrics and /health
@@ -290,14 +305,20 @@ class Daemon:
 
     def _alert_adopted(self, loop: EngineLoop, why: str) -> None:
         self.say("engine_adopted", engine=loop.config.name, reason=why)
-        self.state.record_action(
-            engine=loop.config.name,
-            kind="notify",
-            mode="act",
-            outcome="skipped",
-            reason=f"warning: {why}; tuning paused; not delivered: no notify sinks yet",
-            now=self.clock.now(),
+        name = loop.config.name
+        alert = Alert(
+            severity="warning",
+            status="firing",
+            title=f"{name} changed by a person: tuning paused",
+            summary=f"{why}; tuning paused",
+            engine=name,
+            host=self.host,
+            time=self.clock.now(),
+            policy="people-win",
+            fingerprint=fingerprint(name, "people-win"),
+            undo=f"tunerd resume {name}",
         )
+        self._send_alert(alert, None, "act")
 
     def _people_win(self, loop: EngineLoop) -> None:
         """A person changed the engine's settings or command in the config since tunerd last
@@ -513,13 +534,19 @@ class Daemon:
             self.notifier.ready(self.status_line())
             return False
         later = [name for name in RESTART_FIELDS if getattr(config, name) != getattr(self.config, name)]
-        interval = self.config.metrics.interval
+        interval, old_notify = self.config.metrics.interval, self.config.notify
         self.config = config.model_copy(update={name: getattr(self.config, name) for name in later})
         if self.config.metrics.interval != interval:  # the tick's pace, and what 6 h of it holds
             self.store.resize(retention_capacity(RETENTION_S, max(self.config.metrics.interval, 0.25)))
             if self.jobs is not None and self.jobs.has("tick"):
                 self.jobs.every("tick", self.config.metrics.interval, self._tick_job, LOOP, now=False)
         self.policies = policies
+        if self.config.notify != old_notify:  # new sinks from now on; the old ones finish what is due
+            old, self.dispatcher = self.dispatcher, self._dispatcher(self.config)
+            if self.dispatcher is not None and self.jobs is not None:
+                self.dispatcher.start()
+            if old is not None:
+                old.close(timeout=2.0)
         guards = _guards(self.config)
         for loop in self.engines:
             loop.policy_states = {
@@ -554,6 +581,8 @@ class Daemon:
         if self.jobs is None:
             self.jobs = Jobs(self._job_failed)
             self.sampler.schedule(self.jobs, then=self._death_watch)
+            if self.dispatcher is not None:
+                self.dispatcher.start()
             for loop in self.engines:  # from here on: what the engines write from now
                 if loop.config.log_passthrough != "none" and loop.log is None:
                     loop.log = FileFollower(loop.supervisor.spec.log_path)
@@ -612,6 +641,8 @@ class Daemon:
             self.jobs.shutdown()
             self.jobs = None
         self.pass_engine_logs()  # the last lines before tunerd stops
+        if self.dispatcher is not None:
+            self.dispatcher.close()  # what is due goes out; what cannot, to the dead-letter file
         for loop in self.engines:
             if loop.log is not None:
                 loop.log.close()
@@ -701,6 +732,7 @@ class Daemon:
             observed_since=loop.observed_since,
         )
         loop.policy_states, plan = evaluate(self.policies, loop.policy_states, self.store, context, now)
+        self._resolve_cleared(loop, now)
         if plan is not None and plan.hold and record is not None and not record.held:
             self.state.set_flags(name, held=True)
             self.state.record_action(
@@ -844,23 +876,72 @@ class Daemon:
         )
 
     def _notify(self, plan: ActionPlan, now: float, done: str, page: bool = False) -> None:
-        """Record the alert a plan asks for. Chat sinks come with the daemon issue; until then
-        the alert is in history and on stderr, marked as not delivered."""
-        severities = sorted({severity for _, severity, _ in plan.notify})
-        if page or not severities:
-            severities = ["critical"]
-        self.state.record_action(
-            engine=plan.engine,
-            kind="notify",
-            mode=plan.mode,
-            outcome="skipped",
-            reason=f"{'/'.join(severities)}: {'; '.join(plan.reasons) or ', '.join(plan.policies)}; "
-            f"what tunerd did: {done}; not delivered: no notify sinks yet",
-            now=now,
-            policy=",".join(policy for policy, _, _ in plan.notify) or ",".join(plan.policies),
-            evidence={"signals": dict(plan.evidence)},
+        """Send the alerts a plan asks for (one per notifying policy; a change that did not take
+        pages a person at critical) to the sinks, and record each in history."""
+        loop = next(loop for loop in self.engines if loop.config.name == plan.engine)
+        asked = list(plan.notify) or [(policy, "critical", None) for policy in plan.policies]
+        summary = "; ".join(plan.reasons) or ", ".join(plan.policies)
+        action = None
+        if plan.changes:
+            outcome = done.split(":", 1)[0].removeprefix("restart ").strip()
+            action = Action("tune", dict(plan.before), dict(plan.after), outcome)
+        applied = plan.mode == "act" and done.startswith("restart succeeded")
+        for policy, severity, sinks in asked:
+            alert = Alert(
+                severity="critical" if page else severity,  # type: ignore[arg-type]
+                status="firing",
+                title=f"{policy} on {plan.engine}",
+                summary=f"{summary}; what tunerd did: {done}",
+                engine=plan.engine,
+                host=self.host,
+                time=now,
+                policy=policy,
+                fingerprint=fingerprint(plan.engine, policy),
+                evidence={"signals": dict(plan.evidence)},
+                action=action,
+                undo=f"tunerd rollback {plan.engine}" if applied else None,
+            )
+            loop.notified[policy] = alert
+            self._send_alert(alert, sinks, plan.mode)
+
+    def _send_alert(self, alert: Alert, sinks: tuple[str, ...] | None, mode: str) -> None:
+        """Hand ``alert`` to the dispatcher (never blocks) and record it in history: applied
+        with the sinks it went to (what they answered is in the log, what could not be sent in
+        the dead-letter file), or skipped when no sink takes it."""
+        sent = self.dispatcher.submit(alert, sinks) if self.dispatcher is not None else []
+        where = (
+            f"sent to {', '.join(sent)}"
+            if sent
+            else "not delivered: no notify sink takes it"
+            + ("" if self.config.notify else " (none configured)")
         )
-        self.say("alert", engine=plan.engine, severity=severities, policies=[p for p, _, _ in plan.notify])
+        self.state.record_action(
+            engine=alert.engine,
+            kind="notify",
+            mode=mode,
+            outcome="applied" if sent else "skipped",
+            reason=f"{alert.severity} {alert.status}: {alert.title}: {alert.summary} ({where})",
+            now=alert.time,
+            policy=alert.policy,
+            evidence=dict(alert.evidence),
+        )
+        self.say(
+            "alert",
+            engine=alert.engine,
+            severity=alert.severity,
+            status=alert.status,
+            policy=alert.policy,
+            sinks=sent,
+        )
+
+    def _resolve_cleared(self, loop: EngineLoop, now: float) -> None:
+        """A policy that alerted and whose condition no longer holds: a resolve message."""
+        for policy, alert in list(loop.notified.items()):
+            state = loop.policy_states.get(policy)
+            if state is None or state.clear:
+                del loop.notified[policy]
+                summary = f"{policy} no longer holds on {loop.config.name}"
+                self._send_alert(alert.resolved(now, summary), None, self.config.mode)
 
     def _propose(self, plan: ActionPlan, now: float) -> None:
         """observe: record; advise: record the exact flag diff and how to apply it."""

@@ -16,10 +16,27 @@ import yaml
 
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
-from tunerd.sources.gpu import GpuSource, NoGpuSource
+from tunerd.sources.gpu import OK, GpuReading, GpuSource, NoGpuSource
 from tunerd.state import State
 
 BEFORE = {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8}
+
+
+class CountingGpu:
+    """A GPU source that answers at once with no GPU and records when it was read: what the
+    tests that measure the sampling schedule watch."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.reads: list[float] = []
+
+    def sample(self) -> GpuReading:
+        self.reads.append(time.monotonic())
+        return GpuReading(source=self.name, status=OK)
+
+    def close(self) -> None:
+        pass
 
 
 def free_port() -> int:

@@ -17,26 +17,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.sim_daemon import BEFORE, close_daemon, sim_daemon
+from tests.integration.sim_daemon import BEFORE, CountingGpu, close_daemon, sim_daemon
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
-from tunerd.sources.gpu import OK, GpuReading
 
 pytestmark = pytest.mark.slow
-
-
-class CountingGpu:
-    name = "counting"
-
-    def __init__(self) -> None:
-        self.reads: list[float] = []
-
-    def sample(self) -> GpuReading:
-        self.reads.append(time.monotonic())
-        return GpuReading(source=self.name, status=OK)
-
-    def close(self) -> None:
-        pass
 
 
 def _daemon(tmp_path: Path, said: list[dict[str, Any]], gpu: CountingGpu | None = None) -> Daemon:

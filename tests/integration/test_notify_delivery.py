@@ -269,3 +269,18 @@ def test_no_secret_reaches_a_log_line_or_the_dead_letter_file(tmp_path: Path) ->
         assert secret not in text
         assert unquote(secret) not in text
     assert "[redacted]" in run.dead()[0]["reason"]
+
+
+def test_stopping_while_a_send_hangs_keeps_the_alert_in_the_dead_letter_file(tmp_path: Path) -> None:
+    with receiver("webhook") as hanging:
+        hanging.answer(Answer(200, b"{}", delay=30.0))
+        run = Run(tmp_path, Target("stuck", "webhook", hanging.url), timeout=40)
+        run.dispatcher.submit(alert(3))
+        hanging.wait_for(1)
+        started = time.monotonic()
+        run.dispatcher.close(timeout=0.5)
+        assert time.monotonic() - started < 2
+        hanging.release.set()
+    [dead] = run.dead()
+    assert dead["reason"] == "tunerd stopped while sending (it may have arrived)"
+    assert dead["alerts"][0]["title"] == "kv-pool-saturated #3"

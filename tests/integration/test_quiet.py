@@ -97,7 +97,7 @@ def test_a_busy_engine_gets_an_alert_not_a_restart(tmp_path: Path) -> None:
         assert [t["outcome"] for t in tunes] == ["skipped"]
         assert "not applied: no quiet period (≤ 0 running for 1 s) within 2 s" in tunes[0]["reason"]
         alerts = [h for h in history if h["kind"] == "notify"]
-        assert alerts[0]["reason"].startswith("critical: ")  # giving up pages a person
+        assert alerts[0]["reason"].startswith("critical firing: ")  # giving up pages a person
         assert "restart failed: no quiet period within 2 s" in alerts[0]["reason"]
     finally:
         if load is not None:

@@ -83,6 +83,9 @@ class _Lane:
     sends: deque[float] = field(default_factory=deque)  # monotonic times of recent messages
     delivery: Delivery = field(default_factory=Delivery)
     thread: threading.Thread | None = None
+    in_flight: list[Alert] = field(default_factory=list)  # the batch being posted now
+    abandoned: threading.Event = field(default_factory=threading.Event)  # close() dead-lettered the
+    # batch in flight: the thread must not again
 
 
 class Dispatcher:
@@ -158,6 +161,9 @@ class Dispatcher:
                 lane.held.clear()
                 if left:
                     self._dead(lane, left, "tunerd stopped before it could be sent", 0)
+                if lane.in_flight and lane.thread is not None and lane.thread.is_alive():
+                    lane.abandoned.set()  # a send still hanging: its answer will never be read
+                    self._dead(lane, lane.in_flight, "tunerd stopped while sending (it may have arrived)", 0)
             self._lock.notify_all()  # a lane still waiting on its rate limit finds nothing left
 
     # -- filing ---------------------------------------------------------------------------
@@ -190,6 +196,8 @@ class Dispatcher:
                         resend_at = now + alertmanager.RESEND_S
                         for fingerprint, alert in lane.firing.items():
                             lane.pending.setdefault((fingerprint, "firing"), alert)
+                    if lane.abandoned.is_set():
+                        return
                     if self._closing and (attempt or not (lane.pending or batch)):
                         if batch:  # a batch waiting for its next try: no time left for it
                             self._dead(
@@ -207,7 +215,12 @@ class Dispatcher:
                     del lane.pending[(alert.fingerprint, alert.status)]
                 batch = _merge_into(batch, taken)
                 lane.sends.append(now)
+                lane.in_flight = batch
             outcome = self._send(lane, batch)
+            with self._lock:
+                lane.in_flight = []
+                if lane.abandoned.is_set():
+                    return
             now = time.monotonic()
             if outcome.ok:
                 with self._lock:

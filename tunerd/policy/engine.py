@@ -92,6 +92,7 @@ class PolicyState:
     holds: Mapping[tuple[int, ...], float | None] = field(default_factory=dict)
     health: str = "ok"
     last_error: str | None = None
+    clear: bool = True  # the condition does not hold, not even pending its `for` (a resolve is due)
 
 
 @dataclass(frozen=True)
@@ -422,6 +423,7 @@ def evaluate(
                 last_fired=now,
                 last_evaluated=now,
                 holds={},  # after acting, `for` counts only later samples
+                clear=False,
             )
             continue
         pending = any(since is not None for since in holds.values())
@@ -442,6 +444,7 @@ def evaluate(
             last_fired=state.last_fired,
             last_evaluated=now,
             holds=holds,
+            clear=result is not True and not pending,
         )
     if not fired:
         return new, None

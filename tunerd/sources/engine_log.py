@@ -149,8 +149,8 @@ def strip_ansi(line: str) -> str:
 
 
 # vLLM's logger prefix: "(APIServer pid=123) WARNING 11-29 17:58:22 [file.py:12] …", the
-# process tag optional
-_LEVEL = re.compile(r"^(?:\([^)]*\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d\s")
+# process tag optional; or uvicorn's, which vLLM's API server also prints: "INFO:     Started…"
+_LEVEL = re.compile(r"^(?:\([^)]*\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)(?:\s+\d\d-\d\d\s|:\s)")
 PASSTHROUGH = ("warnings", "all", "none")
 
 

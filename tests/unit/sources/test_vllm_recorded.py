@@ -137,3 +137,6 @@ def test_a_real_start_up_failure_passes_its_warnings_and_errors_into_tunerds_log
     assert "Process EngineCore:" in passed
     assert all(passed_through(line, "all") is not None for line in lines if line.strip())
     assert all(passed_through(line, "none") is None for line in lines)
+    # uvicorn's own lines, which vLLM's API server prints too, keep their level
+    assert passed_through("INFO:     Application startup complete.", "warnings") is None
+    assert passed_through("WARNING:  Invalid HTTP request received.", "warnings") == "warning"
