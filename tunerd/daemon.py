@@ -196,6 +196,7 @@ class Daemon:
             guards=guards,
             client=client,
             on_step=lambda step: self._on_step(engine.name, step),
+            on_held=lambda reason: self._page_held(engine.name, reason),
             room=lambda settings: self._gpu_room(engine, settings),
             runner=self._runner(engine),
         )
@@ -903,6 +904,25 @@ class Daemon:
             )
             loop.notified[policy] = alert
             self._send_alert(alert, sinks, plan.mode)
+
+    def _page_held(self, engine: str, reason: str) -> None:
+        """The engine is held (crash loop, spent budget): a critical alert to every sink."""
+        self._send_alert(
+            Alert(
+                severity="critical",
+                status="firing",
+                title=f"{engine} held: tuning stopped",
+                summary=f"{reason}; last-known-good is restarted with backoff (tunerd resume when fixed)",
+                engine=engine,
+                host=self.host,
+                time=self.clock.now(),
+                policy="hold",
+                fingerprint=fingerprint(engine, "hold"),
+                undo=f"tunerd resume {engine}",
+            ),
+            None,
+            "act",
+        )
 
     def _send_alert(self, alert: Alert, sinks: tuple[str, ...] | None, mode: str) -> None:
         """Hand ``alert`` to the dispatcher (never blocks) and record it in history: applied

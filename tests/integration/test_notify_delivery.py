@@ -284,3 +284,39 @@ def test_stopping_while_a_send_hangs_keeps_the_alert_in_the_dead_letter_file(tmp
     [dead] = run.dead()
     assert dead["reason"] == "tunerd stopped while sending (it may have arrived)"
     assert dead["alerts"][0]["title"] == "kv-pool-saturated #3"
+
+
+def test_a_flood_beyond_what_may_wait_goes_to_the_dead_letter_file_at_once(tmp_path: Path) -> None:
+    with receiver("wecom") as service:
+        run = Run(tmp_path, Target("wc", "wecom", service.url), max_waiting=10, rates={"wc": Rate(1, 60.0)})
+        for number in range(30):
+            run.dispatcher.submit(alert(number))
+        flooded = [
+            record for record in run.dead() if record["reason"].startswith("more than 10 alerts waiting")
+        ]
+        run.dispatcher.close(timeout=0.5)
+    # the first message took what was waiting when it went (1 to 10), 10 more waited: the rest here
+    assert 10 <= len(flooded) <= 19
+    delivered = run.dispatcher.deliveries()["wc"].sent_alerts
+    dead = sum(a["count"] for record in run.dead() for a in record["alerts"])
+    assert delivered + dead == 30
+
+
+def test_alertmanager_gets_a_firing_alert_again_until_it_resolves(tmp_path: Path) -> None:
+    with receiver("alertmanager") as am:
+        run = Run(tmp_path, Target("am", "alertmanager", am.url), resend=0.4)
+        firing = alert(5)
+        run.dispatcher.submit(firing)
+        assert len(am.wait_for(3, timeout=5)) >= 3  # the first, then again every 0.4 s
+        run.dispatcher.submit(firing.resolved(time.time(), "cleared"))
+        time.sleep(0.3)
+        settled = len(am.got)
+        time.sleep(1.0)
+        got = list(am.got)
+        run.dispatcher.close()
+    assert len(got) == settled  # resolved: no more re-sends
+    posted = [g.json()[0] for g in got]
+    assert all(p["labels"]["alertname"] == "kv-pool-saturated" for p in posted)
+    assert {p["startsAt"] for p in posted} == {posted[0]["startsAt"]}  # one alert, sent again
+    assert all(p["endsAt"] > p["startsAt"] for p in posted[:-1])  # firing: held ahead
+    assert posted[-1]["endsAt"] < posted[-2]["endsAt"]  # resolved: ended now

@@ -311,7 +311,8 @@ def test_a_crash_loop_holds_the_engine_without_a_restart_storm(tmp_path: Path) -
     spec = EngineSpec(**{**base.__dict__, "command": (*base.command, "--sim-drift", "100GiB/h")})
     state = State.open(tmp_path / "state")
     guards = GuardConfig(settle=0, max_restarts=10, backoff_base=60)
-    supervisor = Supervisor(spec, state, guards=guards)
+    paged: list[str] = []
+    supervisor = Supervisor(spec, state, guards=guards, on_held=paged.append)
     try:
         assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
         said: list[str] = []
@@ -322,6 +323,9 @@ def test_a_crash_loop_holds_the_engine_without_a_restart_storm(tmp_path: Path) -
             time.sleep(0.1)
         assert said[0] == "restarted after cuda_oom"  # a first crash: same settings again
         assert said[-1].startswith("held (crash loop)")  # the same settings crashed again
+        [page] = paged  # the daemon turns it into a critical alert
+        assert page.startswith("crash loop after cuda_oom (")
+        assert page.endswith("): tuning stopped")
         record = state.engine("main")
         assert record is not None
         assert record.held
@@ -338,6 +342,7 @@ def test_a_crash_loop_holds_the_engine_without_a_restart_storm(tmp_path: Path) -
         refused = supervisor.restart({**SEED_SETTINGS, "max_num_seqs": 4}, reason="pool saturated")
         assert refused.outcome == "skipped"
         assert "held" in refused.reason
+        assert len(paged) == 1  # paged once, when the hold began
     finally:
         record = state.engine("main")
         if record is not None and record.pid is not None:

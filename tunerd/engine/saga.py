@@ -150,7 +150,8 @@ class Supervisor:
 
     ``on_step(step)`` is called after each step is recorded (and with ``"spawned"`` right after
     a spawn, before its identity is recorded): the daemon logs it, the fault-injection tests
-    kill tunerd there.
+    kill tunerd there. ``on_held(reason)`` is called when the engine becomes held (a crash loop,
+    a spent restart budget): the daemon pages a person.
     """
 
     def __init__(
@@ -164,8 +165,10 @@ class Supervisor:
         client: MetricsClient | None = None,
         room: Callable[[Mapping[str, Any]], str | None] | None = None,
         runner: Runner | None = None,
+        on_held: Callable[[str], None] | None = None,
     ) -> None:
         self.guards = guards or GuardConfig()
+        self.on_held = on_held or (lambda reason: None)
         self._owns_client = client is None
         self.client = client or MetricsClient(spec.url)  # /health (and, for the daemon, /metrics)
         self.spec = spec
@@ -272,6 +275,7 @@ class Supervisor:
             )
             if refusal.hold and not record.held:
                 self.state.set_flags(self.spec.name, held=True)
+                self.on_held(f"{refusal.reason}: tuning stopped")
             return RestartResult("skipped", action, old.id, refusal.reason)
         version = self.state.add_version(self.spec.name, settings, "tune", now)
         action = self.state.record_action(
@@ -597,6 +601,7 @@ class Supervisor:
                     now=now,
                     evidence={"crash": crash},
                 )
+                self.on_held(f"{why} after {crash['kind']} ({crash['message']}): tuning stopped")
             self._held_attempts += 1
             self.next_restart_at = now + backoff_seconds(self._held_attempts, self.guards)
             return f"held ({why}); restarting last-known-good at {self.next_restart_at:.0f}"

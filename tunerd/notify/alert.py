@@ -70,9 +70,10 @@ class Alert:
     undo: str | None = None  # the command that reverts it
     count: int = 1  # the same condition repeated this many times in the grouping window
     test: bool = False  # `tunerd notify test`
+    since: float | None = None  # a resolve: when the condition began firing
 
     def resolved(self, time: float, summary: str) -> Alert:
-        return replace(self, status="resolved", time=time, summary=summary, count=1)
+        return replace(self, status="resolved", time=time, summary=summary, count=1, since=self.time)
 
     def to_dict(self) -> dict[str, Any]:
         """The Contract's fields (JSON-ready; ``time`` as ISO 8601 UTC)."""
@@ -98,6 +99,7 @@ class Alert:
             "fingerprint": self.fingerprint,
             "count": self.count,
             "test": self.test,
+            "since": None if self.since is None else iso(self.since),
         }
 
 

@@ -1,7 +1,8 @@
 """Deliver alerts to the configured sinks, off the daemon's threads, and never lose one silently.
 
-:meth:`Dispatcher.submit` never blocks and does no I/O: it files the alert with every sink
-that wants it (``to:`` names, ``min_severity``) and returns. Each sink has a *lane* with a
+:meth:`Dispatcher.submit` never blocks on a sink: it files the alert with every sink that
+wants it (``to:`` names, ``min_severity``) and returns (its only I/O is the dead-letter file,
+for a flood beyond what may wait). Each sink has a *lane* with a
 thread of its own, so a sink that hangs delays only itself. A lane:
 
 - keeps the service's rate limit (its module's :data:`RATE`, or the sink's ``rate:``): alerts
@@ -15,7 +16,9 @@ thread of its own, so a sink that hangs delays only itself. A lane:
   the alerts go to the dead-letter file (JSON lines: when, which sink, why, the alerts);
 - re-sends firing alerts every :data:`~tunerd.notify.sinks.alertmanager.RESEND_S` for
   Alertmanager (which expires what is not re-sent) until they resolve;
-- on :meth:`close`, whatever could not be sent in time is written to the dead-letter file.
+- on :meth:`close`, whatever could not be sent in time is written to the dead-letter file;
+- holds at most ``max_waiting`` distinct conditions waiting: a flood beyond that goes to the
+  dead-letter file at once, so memory stays bounded and nothing is dropped unsaid.
 
 No URL and no secret is ever logged or written: a reply or an error that quotes them has
 them replaced by ``[redacted]``.
@@ -101,6 +104,8 @@ class Dispatcher:
         backoff_base: float = 2.0,
         backoff_max: float = 300.0,
         timeout: float = 10.0,
+        max_waiting: int = 1000,
+        resend: float = alertmanager.RESEND_S,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.say = say
@@ -109,6 +114,8 @@ class Dispatcher:
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.timeout = timeout
+        self.max_waiting = max_waiting  # distinct conditions waiting per sink: memory stays bounded
+        self.resend = resend  # Alertmanager: how often a firing alert is sent again
         self.wall = wall
         self.dead_letter = Path(state_dir) / DEAD_LETTER
         self._lock = threading.Condition()
@@ -133,16 +140,19 @@ class Dispatcher:
     def submit(self, alert: Alert, to: Sequence[str] | None = None) -> list[str]:
         """File ``alert`` with the sinks that want it (all, or those ``to`` names); the names.
         Never blocks."""
-        chosen = []
+        chosen, overflow = [], []
         with self._lock:
             for name, lane in self.lanes.items():
                 if to is not None and name not in to:
                     continue
                 if not severity_at_least(alert.severity, lane.target.min_severity):
                     continue
-                self._file(lane, alert, time.monotonic())
+                if not self._file(lane, alert, time.monotonic()):
+                    overflow.append(lane)
                 chosen.append(name)
             self._lock.notify_all()
+        for lane in overflow:  # a flood: written down after the lock, never dropped
+            self._dead(lane, [alert], f"more than {self.max_waiting} alerts waiting for this sink", 0)
         return chosen
 
     def close(self, timeout: float = 5.0) -> None:
@@ -167,7 +177,8 @@ class Dispatcher:
             self._lock.notify_all()  # a lane still waiting on its rate limit finds nothing left
 
     # -- filing ---------------------------------------------------------------------------
-    def _file(self, lane: _Lane, alert: Alert, now: float) -> None:
+    def _file(self, lane: _Lane, alert: Alert, now: float) -> bool:
+        """File ``alert`` in ``lane``; False when too many conditions already wait there."""
         key = (alert.fingerprint, alert.status)
         if alert.status == "resolved":
             lane.held.pop((alert.fingerprint, "firing"), None)  # stale repeats of what cleared
@@ -176,24 +187,27 @@ class Dispatcher:
             lane.firing[alert.fingerprint] = alert
         if key in lane.pending:
             lane.pending[key] = _merged(lane.pending[key], alert)
+        elif key not in lane.held and len(lane.pending) + len(lane.held) >= self.max_waiting:
+            return False
         elif (last := lane.last_sent.get(key)) is not None and now - last < self.group_window:
             lane.held[key] = _merged(lane.held[key], alert) if key in lane.held else alert
         else:
             lane.pending[key] = alert
+        return True
 
     # -- a lane's thread ----------------------------------------------------------------------
     def _work(self, lane: _Lane) -> None:
         attempt = 0
         batch: list[Alert] = []
         not_before = 0.0
-        resend_at = time.monotonic() + alertmanager.RESEND_S
+        resend_at = time.monotonic() + self.resend
         while True:
             with self._lock:
                 while True:
                     now = time.monotonic()
                     self._release_held(lane, now)
                     if lane.module is alertmanager and now >= resend_at:
-                        resend_at = now + alertmanager.RESEND_S
+                        resend_at = now + self.resend
                         for fingerprint, alert in lane.firing.items():
                             lane.pending.setdefault((fingerprint, "firing"), alert)
                     if lane.abandoned.is_set():

@@ -249,6 +249,7 @@ def test_alertmanager_posts_v2_alerts_that_end_on_resolve() -> None:
     resolved = alert().resolved(NOW + 600, "cleared")
     [ended] = json.loads(alertmanager.build([resolved], target, NOW + 600).body)
     assert ended["endsAt"] == "2025-11-29T07:16:40Z"
+    assert ended["startsAt"] == "2025-11-29T07:06:40Z"  # when it began, as Alertmanager knows it
     assert alertmanager.classify(200, {}, b"").kind == "ok"
     assert alertmanager.classify(503, {}, b"").kind == "retry"
     assert alertmanager.classify(429, {}, b"").kind == "permanent"  # Alertmanager's contract: only 5xx

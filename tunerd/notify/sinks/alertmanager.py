@@ -40,7 +40,7 @@ def build(alerts: Sequence[Alert], target: Target, now: float) -> Request:
                     "source": "tunerd",
                 },
                 "annotations": annotations,
-                "startsAt": iso(alert.time),
+                "startsAt": iso(alert.since if alert.since is not None else alert.time),
                 "endsAt": iso(alert.time if alert.status == "resolved" else now + HOLD_S),
             }
         )
