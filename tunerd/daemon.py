@@ -48,7 +48,7 @@ from tunerd.engine.process import copytruncate, process_tree
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
-from tunerd.notify.alert import Action, Alert, fingerprint
+from tunerd.notify.alert import Action, Alert, Severity, fingerprint
 from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
@@ -307,19 +307,13 @@ class Daemon:
     def _alert_adopted(self, loop: EngineLoop, why: str) -> None:
         self.say("engine_adopted", engine=loop.config.name, reason=why)
         name = loop.config.name
-        alert = Alert(
-            severity="warning",
-            status="firing",
-            title=f"{name} changed by a person: tuning paused",
-            summary=f"{why}; tuning paused",
-            engine=name,
-            host=self.host,
-            time=self.clock.now(),
-            policy="people-win",
-            fingerprint=fingerprint(name, "people-win"),
-            undo=f"tunerd resume {name}",
+        self._page(
+            name,
+            "people-win",
+            "warning",
+            f"{name} changed by a person: tuning paused",
+            f"{why}; tuning paused",
         )
-        self._send_alert(alert, None, "act")
 
     def _people_win(self, loop: EngineLoop) -> None:
         """A person changed the engine's settings or command in the config since tunerd last
@@ -907,22 +901,25 @@ class Daemon:
 
     def _page_held(self, engine: str, reason: str) -> None:
         """The engine is held (crash loop, spent budget): a critical alert to every sink."""
-        self._send_alert(
-            Alert(
-                severity="critical",
-                status="firing",
-                title=f"{engine} held: tuning stopped",
-                summary=f"{reason}; last-known-good is restarted with backoff (tunerd resume when fixed)",
-                engine=engine,
-                host=self.host,
-                time=self.clock.now(),
-                policy="hold",
-                fingerprint=fingerprint(engine, "hold"),
-                undo=f"tunerd resume {engine}",
-            ),
-            None,
-            "act",
+        summary = f"{reason}; last-known-good is restarted with backoff (tunerd resume when fixed)"
+        self._page(engine, "hold", "critical", f"{engine} held: tuning stopped", summary)
+
+    def _page(self, engine: str, event: str, severity: Severity, title: str, summary: str) -> None:
+        """An alert about tunerd's own state of an engine (not a policy's): to every sink, with
+        ``tunerd resume`` as the undo."""
+        alert = Alert(
+            severity=severity,
+            status="firing",
+            title=title,
+            summary=summary,
+            engine=engine,
+            host=self.host,
+            time=self.clock.now(),
+            policy=event,
+            fingerprint=fingerprint(engine, event),
+            undo=f"tunerd resume {engine}",
         )
+        self._send_alert(alert, None, "act")
 
     def _send_alert(self, alert: Alert, sinks: tuple[str, ...] | None, mode: str) -> None:
         """Hand ``alert`` to the dispatcher (never blocks) and record it in history: applied

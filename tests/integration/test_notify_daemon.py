@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.integration.notify_receiver import Answer, receiver
-from tests.integration.sim_daemon import CountingGpu, close_daemon, sim_daemon
+from tests.integration.sim_daemon import CountingGpu, close_daemon, free_port, sim_command, sim_daemon
 
 pytestmark = pytest.mark.slow
 
@@ -106,3 +106,35 @@ def test_a_sink_hanging_for_30_s_does_not_move_the_sampling_or_the_ticks(tmp_pat
     assert tick_count >= 12  # 4 s at 4 Hz: the alerts of every tick were handed over, not waited on
     assert len(notes) >= tick_count
     assert all(h["outcome"] == "applied" and "sent to stuck" in h["reason"] for h in notes)
+
+
+def test_a_crash_loop_pages_every_sink_once(tmp_path: Path) -> None:
+    """The engine leaks ~1 GiB a wall second: each start dies of a CUDA OOM, the second crash of
+    the same settings is a loop, the engine is held — and a critical alert goes out."""
+    port = free_port()
+    with receiver("slack") as slack:
+        daemon = sim_daemon(
+            tmp_path,
+            port,
+            command=[*sim_command(port), "--sim-drift", "100GiB/h"],
+            top={
+                "metrics": {"interval": "200ms"},
+                "notify": [{"name": "chat", "kind": "slack", "url": slack.url}],
+            },
+        )
+        stop = threading.Event()
+        runner = threading.Thread(target=daemon.run, args=(stop,))
+        try:
+            daemon.start()
+            runner.start()
+            deadline = time.monotonic() + 60
+            while not any("held" in g.json()["text"] for g in slack.got) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            runner.join(30)
+            close_daemon(daemon, kill=True)
+        texts = [g.json()["text"] for g in slack.got]
+    held = [text for text in texts if "held" in text]
+    assert len(held) == 1, texts
+    assert held[0].startswith("tunerd CRITICAL: main held: tuning stopped: crash loop after cuda_oom")

@@ -22,6 +22,7 @@ __all__ = [
     "Action",
     "Alert",
     "Rendered",
+    "Severity",
     "fingerprint",
     "flag_diff",
     "markdown",
