@@ -1,13 +1,15 @@
 """``tunerd run``: the loop that watches and tunes the engines in the config (DESIGN §4.1).
 
 Logs are JSON lines on stdout (:mod:`tunerd.logs`; a console format in a terminal). Under
-systemd (``systemd/tunerd.service``, ``Type=notify``) it says ``READY=1`` once the engines are
-reconciled, a one-line ``STATUS=`` each tick, ``WATCHDOG=1`` from the GPU sampling loop and
-``STOPPING=1`` when it stops. SIGTERM or Ctrl-C stop tunerd and leave the engines serving; the
-next ``tunerd run`` adopts them. SIGHUP (or ``systemctl reload tunerd``) reloads the config and
-policies between two ticks — all or nothing: a bad file keeps the running ones and says why
-(:meth:`Daemon.reload`). It serves ``tunerd status`` on a unix socket and its own /metrics.
-Chat notifications come with the notify issue.
+systemd (``systemd/tunerd.service``, ``Type=notify``) it says ``READY=1`` once its sources
+answer (before the engines start: a first start can outlast systemd's start timeout), a
+one-line ``STATUS=`` each tick, ``WATCHDOG=1`` from the GPU sampling job and ``STOPPING=1`` when
+it stops. SIGTERM or Ctrl-C stop tunerd and leave the engines serving; the next ``tunerd run``
+adopts them. SIGHUP (or ``systemctl reload tunerd``) reloads the config and policies between
+two ticks — all or nothing: a bad file keeps the running ones and says why
+(:meth:`Daemon.reload`). It serves ``tunerd status`` on a unix socket and its own /metrics, and
+sends alerts to the ``notify:`` sinks (docs/notify.md). Exit 0 when stopped, 2 for a bad config,
+1 when ticks kept failing (systemd then starts a clean one).
 """
 
 from __future__ import annotations
