@@ -13,7 +13,7 @@ Two one-thread executors keep the daemon's two rules:
 
 Every job has ``max_instances=1`` (a tick still running when the next falls due is skipped,
 not stacked) and ``coalesce=True`` with a misfire grace of one interval (runs missed while the
-host was suspended or starved become one late run, not a burst). Skips and misses are counted
+host was suspended or starved become one late run, not a burst). Skips and errors are counted
 per job; a job's exception is handed to ``on_error`` (the daemon logs it and, after a few in a
 row, stops so that systemd restarts it clean).
 
@@ -30,9 +30,7 @@ from datetime import UTC, datetime
 
 from apscheduler.events import (
     EVENT_JOB_ERROR,
-    EVENT_JOB_EXECUTED,
     EVENT_JOB_MAX_INSTANCES,
-    EVENT_JOB_MISSED,
     JobEvent,
     JobExecutionEvent,
 )
@@ -53,13 +51,11 @@ _QUIET.propagate = False
 
 
 class Jobs:
-    """A started ``BackgroundScheduler`` with the ``gpu`` and ``loop`` executors."""
+    """A started ``BackgroundScheduler`` with the ``gpu``, ``loop`` and ``logs`` executors."""
 
     def __init__(self, on_error: Callable[[str, BaseException, str | None], None]) -> None:
         self.on_error = on_error
         self.skipped: Counter[str] = Counter()  # runs not started: the previous still running
-        self.missed: Counter[str] = Counter()  # runs later than their grace time
-        self.runs: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()  # runs that raised
         self.scheduler = BackgroundScheduler(
             executors={GPU: ThreadPoolExecutor(1), LOOP: ThreadPoolExecutor(1), LOGS: ThreadPoolExecutor(1)},
@@ -70,9 +66,7 @@ class Jobs:
         # every job's runs fall on this anchor plus whole intervals, so jobs whose intervals
         # divide each other (0.25 s sampling, 1 s logs, 2 s tick) share the scheduler's wake-ups
         self._anchor = datetime.now(UTC)
-        self.scheduler.add_listener(
-            self._on_event, EVENT_JOB_ERROR | EVENT_JOB_EXECUTED | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED
-        )
+        self.scheduler.add_listener(self._on_event, EVENT_JOB_ERROR | EVENT_JOB_MAX_INSTANCES)
         self.scheduler.start()
 
     def every(
@@ -100,11 +94,6 @@ class Jobs:
         if self.has(job_id):
             self.scheduler.modify_job(job_id, next_run_time=datetime.now(UTC))
 
-    def remove(self, *job_ids: str) -> None:
-        for job_id in job_ids:
-            if self.has(job_id):
-                self.scheduler.remove_job(job_id)
-
     def shutdown(self) -> None:
         """Stop scheduling and wait for the jobs in progress to finish."""
         if self.scheduler.running:
@@ -113,10 +102,6 @@ class Jobs:
     def _on_event(self, event: JobEvent) -> None:
         if event.code == EVENT_JOB_MAX_INSTANCES:
             self.skipped[event.job_id] += 1
-        elif event.code == EVENT_JOB_MISSED:
-            self.missed[event.job_id] += 1
-        elif isinstance(event, JobExecutionEvent):
-            self.runs[event.job_id] += 1
-            if event.code == EVENT_JOB_ERROR and event.exception is not None:
-                self.errors[event.job_id] += 1
-                self.on_error(event.job_id, event.exception, event.traceback)
+        elif isinstance(event, JobExecutionEvent) and event.exception is not None:
+            self.errors[event.job_id] += 1
+            self.on_error(event.job_id, event.exception, event.traceback)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import time
 
+from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_float
 from tunerd.commands.config import load_or_usage_error
 from tunerd.config import DEFAULT_CONFIG, notify_targets
@@ -65,10 +65,10 @@ def _test(args: argparse.Namespace) -> int:
     targets = notify_targets(config, os.environ)
     if not targets:
         raise UsageError(f"{args.config}: no notify sinks configured (see docs/notify.md)")
-    alert = sample_alert(time.time(), socket.gethostname())
+    alert = sample_alert(SYSTEM_CLOCK.now(), socket.gethostname())
     accepted = 0
     for target in targets:
-        outcome = send(target, [alert], time.time(), args.timeout)
+        outcome = send(target, [alert], SYSTEM_CLOCK.now(), args.timeout)
         verdict = {"ok": "accepted", "retry": "not accepted (try again later)", "permanent": "refused"}[
             outcome.kind
         ]

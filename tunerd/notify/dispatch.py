@@ -30,7 +30,6 @@ import json
 import os
 import random
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,6 +38,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.notify.alert import Alert, iso, severity_at_least
 from tunerd.notify.sink import Outcome, Rate, Request, SinkModule, Target
 from tunerd.notify.sinks import alertmanager, module
@@ -106,7 +106,7 @@ class Dispatcher:
         timeout: float = 10.0,
         max_waiting: int = 1000,
         resend: float = alertmanager.RESEND_S,
-        wall: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.say = say
         self.group_window = group_window
@@ -116,7 +116,8 @@ class Dispatcher:
         self.timeout = timeout
         self.max_waiting = max_waiting  # distinct conditions waiting per sink: memory stays bounded
         self.resend = resend  # Alertmanager: how often a firing alert is sent again
-        self.wall = wall
+        # the system's, even when the daemon follows the simulator's: signatures carry real time
+        self.clock = clock
         self.dead_letter = Path(state_dir) / DEAD_LETTER
         self._lock = threading.Condition()
         self._closing = False
@@ -147,7 +148,7 @@ class Dispatcher:
                     continue
                 if not severity_at_least(alert.severity, lane.target.min_severity):
                     continue
-                if not self._file(lane, alert, time.monotonic()):
+                if not self._file(lane, alert, self.clock.monotonic()):
                     overflow.append(lane)
                 chosen.append(name)
             self._lock.notify_all()
@@ -157,13 +158,13 @@ class Dispatcher:
 
     def close(self, timeout: float = 5.0) -> None:
         """Give the lanes ``timeout`` seconds to finish what is due; dead-letter the rest."""
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         with self._lock:
             self._closing = True
             self._lock.notify_all()
         for lane in self.lanes.values():
             if lane.thread is not None:
-                lane.thread.join(max(0.0, deadline - time.monotonic()))
+                lane.thread.join(max(0.0, deadline - self.clock.monotonic()))
         with self._lock:
             for lane in self.lanes.values():
                 left = [*lane.pending.values(), *lane.held.values()]
@@ -200,11 +201,11 @@ class Dispatcher:
         attempt = 0
         batch: list[Alert] = []
         not_before = 0.0
-        resend_at = time.monotonic() + self.resend
+        resend_at = self.clock.monotonic() + self.resend
         while True:
             with self._lock:
                 while True:
-                    now = time.monotonic()
+                    now = self.clock.monotonic()
                     self._release_held(lane, now)
                     if lane.module is alertmanager and now >= resend_at:
                         resend_at = now + self.resend
@@ -235,7 +236,7 @@ class Dispatcher:
                 lane.in_flight = []
                 if lane.abandoned.is_set():
                     return
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if outcome.ok:
                 with self._lock:
                     for alert in batch:
@@ -294,14 +295,14 @@ class Dispatcher:
             lane.pending[key] = _merged(lane.pending[key], alert) if key in lane.pending else alert
 
     def _send(self, lane: _Lane, batch: list[Alert]) -> Outcome:
-        return send(lane.target, batch, self.wall(), self.timeout)
+        return send(lane.target, batch, self.clock.now(), self.timeout)
 
     def _dead(self, lane: _Lane, alerts: Sequence[Alert], why: str, attempts: int) -> None:
         """Append the alerts to the dead-letter file (the caller holds the lock)."""
         count = sum(alert.count for alert in alerts)
         lane.delivery.dead_alerts += count
         record = {
-            "time": iso(self.wall()),
+            "time": iso(self.clock.now()),
             "sink": lane.target.name,
             "kind": lane.target.kind,
             "reason": redactor(lane.target)(why),
