@@ -212,8 +212,11 @@ def test_a_burst_of_100_keeps_dingtalks_limit_and_loses_nothing(tmp_path: Path) 
         got = list(service.got)
     assert run.dispatcher.deliveries()["dt"].sent_alerts == 100
     assert run.dead() == []
-    first = got[0].at
-    assert len([g for g in got if g.at - first < 3.0]) <= 20  # the limit held in every window
+    # the limit held: at most 20 in any 3 s, as the dispatcher counts (when a send starts). The
+    # receiver sees arrivals, each late by its own delivery time, so two sends 3.0 s apart may
+    # arrive a little less apart: 0.3 s of slack (a clean-clone run saw 21 within 3.0 s).
+    arrivals = [g.at for g in got]
+    assert max(sum(1 for at in arrivals if start <= at < start + 2.7) for start in arrivals) <= 20
     digests = [g.json()["markdown"]["title"] for g in got if "held back" in g.json()["markdown"]["title"]]
     assert digests  # the rest were grouped into digests, not dropped
 
