@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from tunerd import __version__
-from tunerd.commands import config, history, inspect, notify, pin, plan, policy, run, sim, status
+from tunerd.commands import config, demo, history, inspect, notify, pin, plan, policy, run, sim, status
 from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_OK, Parser, UsageError
 from tunerd.planner.shapes import ShapeError
 from tunerd.units import UnitError
@@ -39,6 +39,7 @@ def build_parser() -> Parser:
     config.register(subparsers)
     notify.register(subparsers)
     pin.register(subparsers)
+    demo.register(subparsers)
     return parser
 
 

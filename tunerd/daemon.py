@@ -837,9 +837,12 @@ class Daemon:
         quiet = self.config.guards.quiet
         if loop.waiting is None or loop.waiting[0].after != plan.after:
             loop.waiting = (plan, now)
+        # look back far enough to find the reading at or before `now - for` even when readings
+        # are minutes apart in clock time (a long interval; the simulator's clock sped up)
+        lookback = 2 * quiet.for_ + 600
         samples = [
             (sample.time, sample.value)
-            for sample in self.store.window("num_requests_running", loop.config.name, now, quiet.for_ + 60)
+            for sample in self.store.window("num_requests_running", loop.config.name, now, lookback)
         ]
         if is_quiet(samples, now, quiet.max_running, quiet.for_):
             loop.waiting = None

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from tunerd.clock import Clock
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 from tunerd.sources.gpu import OK, GpuReading, GpuSource, NoGpuSource
@@ -65,6 +66,7 @@ def sim_daemon(
     top: dict[str, object] | None = None,
     said: list[dict[str, Any]] | None = None,
     gpu: GpuSource | None = None,
+    clock: Clock | None = None,
     **engine: object,
 ) -> Daemon:
     """A daemon (mode act, settle 0) over one simulated engine on ``port``, built from a real
@@ -101,7 +103,7 @@ def sim_daemon(
         if said is not None:
             said.append({"event": event, **fields, "at": time.monotonic()})
 
-    return Daemon(load_config(config), gpu=gpu or NoGpuSource(), say=say)
+    return Daemon(load_config(config), gpu=gpu or NoGpuSource(), say=say, clock=clock)
 
 
 def sim_config(tmp_path: Path, **top: object) -> tuple[Path, str]:

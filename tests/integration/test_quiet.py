@@ -104,3 +104,44 @@ def test_a_busy_engine_gets_an_alert_not_a_restart(tmp_path: Path) -> None:
             load.kill()
             load.wait()
         close_daemon(daemon, kill=True)
+
+
+class _Jumping:
+    """The system clock plus an offset the test moves: ticks minutes apart in clock time, as
+    under the simulator's clock at a high time scale (or a long metrics interval)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(seconds, 0))
+
+
+def test_readings_further_apart_than_a_minute_still_show_a_quiet_period(tmp_path: Path) -> None:
+    """Found by `tunerd demo --scenario over-conservative` (×1000: a reading every 500 clock
+    seconds): the quiet check looked back only `for` + 60 s, saw no reading old enough, and
+    waited forever on an idle engine."""
+    clock = _Jumping()
+    daemon = sim_daemon(
+        tmp_path,
+        policies=(_always(tmp_path),),
+        guards={"quiet": {"max_running": 0, "for": "2m", "within": "1h"}},
+        bounds={"max_num_seqs": [4, 8]},
+        clock=clock,
+    )
+    try:
+        daemon.start()
+        daemon.tick()  # fires and waits: one reading is not two minutes of quiet
+        assert daemon.engines[0].supervisor.running_settings() == BEFORE
+        for _ in range(2):
+            clock.offset += 100  # the next reading 100 s later, idle
+            daemon.tick()
+        assert daemon.engines[0].supervisor.running_settings() == {**BEFORE, "max_num_seqs": 6}
+    finally:
+        close_daemon(daemon, kill=True)

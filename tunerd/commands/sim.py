@@ -14,7 +14,7 @@ import re
 import sys
 
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int, utilization
-from tunerd.planner.bills import WEIGHT_FORMATS
+from tunerd.planner.bills import KV_DTYPE_WORDS, WEIGHT_FORMATS
 from tunerd.planner.gpus import GPU_PROFILES, custom_gpu, gpu_profile
 from tunerd.planner.shapes import ModelShape, builtin_model, load_model_config, shape_from_config
 from tunerd.sim.board import GpuBoard
@@ -30,16 +30,6 @@ __all__ = ["register"]
 NEIGHBOUR_PID_BASE = 4_194_305
 #: A desktop's display server on consumer cards (Xorg + compositor), the seed's 4090 setting.
 DISPLAY_NEIGHBOUR = "300MiB"
-_KV_DTYPES = {
-    "auto": "auto",
-    "float16": "fp16",
-    "fp16": "fp16",
-    "bfloat16": "bf16",
-    "bf16": "bf16",
-    "fp8": "fp8",
-    "fp8_e4m3": "fp8",
-    "fp8_e5m2": "fp8",
-}
 _NEIGHBOUR = re.compile(
     r"^(?P<size>[^@+:]+)@(?P<start>[^+:]+)(?:\+(?P<grow>[^/:]+)/(?P<per>[^:]+))?(?::(?P<name>.+))?$"
 )
@@ -136,7 +126,7 @@ def _add_serve(commands: argparse._SubParsersAction[Parser]) -> None:
     vllm.add_argument("--max-model-len", type=_model_len)
     vllm.add_argument("--max-num-seqs", type=positive_int)
     vllm.add_argument("--max-num-batched-tokens", type=positive_int)
-    vllm.add_argument("--kv-cache-dtype", choices=sorted(_KV_DTYPES), default="auto")
+    vllm.add_argument("--kv-cache-dtype", choices=sorted(KV_DTYPE_WORDS), default="auto")
     vllm.add_argument("--kv-cache-memory-bytes", type=_size)
     vllm.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     vllm.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -236,7 +226,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_model_len=max_len,
         max_num_seqs=args.max_num_seqs or profile.vllm_default_max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens or profile.vllm_default_max_num_batched_tokens,
-        kv_cache_dtype=_KV_DTYPES[args.kv_cache_dtype],
+        kv_cache_dtype=KV_DTYPE_WORDS[args.kv_cache_dtype],
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,

@@ -27,6 +27,7 @@ __all__ = [
     "BLOCK_SIZE",
     "CUDA_CONTEXT_BYTES",
     "KV_DTYPES",
+    "KV_DTYPE_WORDS",
     "NON_TORCH_BYTES",
     "WEIGHT_FORMATS",
     "Activation",
@@ -71,6 +72,17 @@ WEIGHT_FORMATS = ("bf16", "fp16", "int8", "fp8", "awq", "gptq", "int4")
 #: KV cache dtypes the planner takes (vLLM spellings in :data:`VLLM_KV_DTYPE`).
 KV_DTYPES = ("auto", "fp16", "bf16", "fp8")
 VLLM_KV_DTYPE = {"auto": "auto", "fp16": "float16", "bf16": "bfloat16", "fp8": "fp8"}
+#: vLLM's ``--kv-cache-dtype`` spellings (and ours) → the planner's word.
+KV_DTYPE_WORDS = {
+    "auto": "auto",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+}
 
 _INT4_DEFAULT_GROUP = 128
 

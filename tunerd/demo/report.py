@@ -1,0 +1,214 @@
+"""The demo's summary: the four bills before and after, the DESIGN §8 checks, and an HTML page
+with the memory curve (inline SVG, no scripts, nothing fetched). Pure: it takes what the demo
+recorded and returns text.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tunerd.demo.scenarios import Scenario
+from tunerd.demo.story import GIB, Story, clock_text, settings_text
+from tunerd.planner.bills import KV_DTYPE_WORDS
+from tunerd.planner.gpus import gpu_profile
+from tunerd.planner.recommend import Scenario as Priced
+from tunerd.planner.recommend import Settings, evaluate, safe_utilization
+from tunerd.planner.shapes import builtin_model
+
+__all__ = ["Check", "Sample", "bill_table", "checks", "price", "render_html", "safe_kv_tokens"]
+
+#: DESIGN §8: the seed scenario converges in at most this many restarts …
+MAX_RESTARTS = 3
+#: … ending with at least this share of the planner's safe maximum KV capacity.
+MIN_KV_SHARE = 0.90
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One GPU reading, for the curve."""
+
+    time: float  # simulated seconds
+    used_bytes: int
+    engine_bytes: int  # the engine's processes
+    total_bytes: int
+    budget_bytes: int | None  # ceil(total × utilization) of the engine running then
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    value: str
+    target: str
+    met: bool
+
+
+def price(scenario: Scenario, settings: Mapping[str, Any]) -> Priced:
+    """The planner's four bills for ``settings`` on the scenario's card and model."""
+    return _price(scenario, settings, float(settings["gpu_memory_utilization"]))
+
+
+def _price(scenario: Scenario, settings: Mapping[str, Any], utilization: float) -> Priced:
+    shape = builtin_model(scenario.model)
+    length = int(settings.get("max_model_len") or shape.max_position_embeddings)
+    return evaluate(
+        shape,
+        gpu_profile(scenario.gpu),
+        weights_format=scenario.weights,
+        kv_dtype=KV_DTYPE_WORDS[str(settings.get("kv_cache_dtype", "auto"))],
+        context=length,
+        concurrency=scenario.load.concurrency if scenario.load else 1,
+        settings=Settings(
+            gpu_memory_utilization=utilization,
+            max_num_batched_tokens=int(settings.get("max_num_batched_tokens") or 2048),
+            max_num_seqs=int(settings.get("max_num_seqs") or 256),
+        ),
+        max_model_len=length,
+    )
+
+
+def safe_kv_tokens(scenario: Scenario, settings: Mapping[str, Any]) -> int:
+    """The planner's safe maximum KV pool for these settings: the pool at the highest
+    utilization that keeps its safe slack on this card (``tunerd plan``'s recommendation)."""
+    return _price(scenario, settings, safe_utilization(gpu_profile(scenario.gpu))).pool.tokens
+
+
+def bill_table(scenario: Scenario, before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The four bills as vLLM holds them (the KV bill is the pool it allocates), before → after."""
+    old, new = price(scenario, before), price(scenario, after)
+
+    def rows(priced: Priced) -> list[tuple[str, float]]:
+        pool = max(priced.pool.available_bytes, 0)
+        used = priced.weights.bytes + pool + priced.activation.bytes + priced.runtime.bytes
+        return [
+            ("weights", priced.weights.bytes / GIB),
+            ("KV cache pool", pool / GIB),
+            ("activations (peak)", priced.activation.bytes / GIB),
+            ("CUDA runtime + graphs", priced.runtime.bytes / GIB),
+            ("total", used / GIB),
+            ("free of the GPU", (priced.gpu_bytes - used) / GIB),
+        ]
+
+    lines = [f"  {'bill (GiB)':<24}{'before':>9}{'after':>9}"]
+    for (name, a), (_, b) in zip(rows(old), rows(new), strict=True):
+        lines.append(f"  {name:<24}{a:>9.2f}{b:>9.2f}")
+    lines.append(f"  {'KV pool (tokens)':<24}{old.pool.tokens:>9,}{new.pool.tokens:>9,}")
+    return lines
+
+
+def checks(story: Story, final: Mapping[str, Any], kv_tokens: int | None) -> list[Check]:
+    """DESIGN §8's convergence bar, measured on this run."""
+    restarts = story.restarts_used()
+    settled = story.last_change
+    safe = safe_kv_tokens(story.scenario, final)
+    share = (kv_tokens or 0) / safe if safe else 0.0
+    return [
+        Check("restarts to converge", str(restarts), f"≤ {MAX_RESTARTS}", restarts <= MAX_RESTARTS),
+        Check(
+            "OOMs after converging",
+            str(sum(1 for at, kind in story.crashes if at > settled and kind == "cuda_oom")),
+            "0",
+            story.crashes_after(settled) == 0,
+        ),
+        Check(
+            "final KV pool / planner's safe maximum",
+            f"{kv_tokens or 0:,} / {safe:,} = {share:.0%}",
+            f"≥ {MIN_KV_SHARE:.0%}",
+            share >= MIN_KV_SHARE,
+        ),
+    ]
+
+
+_COLOURS = {
+    "crash": "#c62828",
+    "tune": "#1565c0",
+    "rollback": "#ef6c00",
+    "hold": "#6a1b9a",
+    "ratchet": "#f9a825",
+    "alert": "#9e9e9e",
+    "serving": "#2e7d32",
+}
+
+
+def _curve(samples: Sequence[Sample], story: Story, width: int = 960, height: int = 360) -> str:
+    if not samples:
+        return "<p>(no GPU readings)</p>"
+    left, right, top, bottom = 60, 20, 20, 40
+    end = max(samples[-1].time, 1.0)
+    total = max(s.total_bytes for s in samples) or 1
+
+    def x(t: float) -> float:
+        return left + (width - left - right) * t / end
+
+    def y(value: float) -> float:
+        return top + (height - top - bottom) * (1 - value / total)
+
+    used = " ".join(f"{x(s.time):.1f},{y(s.used_bytes):.1f}" for s in samples)
+    engine = " ".join(f"{x(s.time):.1f},{y(s.engine_bytes):.1f}" for s in samples)
+    budget = " ".join(
+        f"{x(s.time):.1f},{y(s.budget_bytes):.1f}" for s in samples if s.budget_bytes is not None
+    )
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
+        'fill="#fafafa" stroke="#ccc"/>',
+    ]
+    for gib in range(0, int(total / GIB) + 1, 4):
+        level = y(gib * GIB)
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{level:.1f}" y2="{level:.1f}" stroke="#eee"/>'
+            f'<text x="{left - 6}" y="{level + 4:.1f}" text-anchor="end">{gib} GiB</text>'
+        )
+    parts.append(
+        f'<text x="{(left + width - right) / 2}" y="{height - 8}" text-anchor="middle">'
+        f"simulated time (0 … {clock_text(end)})</text>"
+    )
+    parts.append(f'<polyline points="{used}" fill="none" stroke="#37474f" stroke-width="1.5"/>')
+    parts.append(f'<polyline points="{engine}" fill="none" stroke="#1e88e5" stroke-width="1"/>')
+    if budget:
+        parts.append(f'<polyline points="{budget}" fill="none" stroke="#43a047" stroke-dasharray="4 3"/>')
+    for mark in story.marks:
+        colour = _COLOURS.get(mark.kind, "#000")
+        parts.append(
+            f'<line x1="{x(mark.time):.1f}" x2="{x(mark.time):.1f}" y1="{top}" y2="{height - bottom}" '
+            f'stroke="{colour}" stroke-width="1.5"><title>{html.escape(clock_text(mark.time))} '
+            f"{html.escape(mark.kind)}: {html.escape(mark.label)}</title></line>"
+        )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def render_html(
+    story: Story,
+    samples: Sequence[Sample],
+    narration: Sequence[str],
+    summary: Sequence[str],
+    verdict: str,
+) -> str:
+    """A self-contained page: the curve with its marks, the narration, the summary."""
+    scenario = story.scenario
+    legend = " ".join(f'<span style="color:{colour}">▍{kind}</span>' for kind, colour in _COLOURS.items())
+    return "\n".join(
+        [
+            "<!doctype html>",
+            '<html><head><meta charset="utf-8">',
+            f"<title>tunerd demo · {html.escape(scenario.name)}</title>",
+            "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
+            "pre{background:#f5f5f5;padding:1em;overflow-x:auto}</style></head><body>",
+            f"<h1>tunerd demo · {html.escape(scenario.name)}</h1>",
+            f"<p>{html.escape(scenario.title.get(story.language, scenario.title['en']))}</p>",
+            f"<p><b>{html.escape(verdict)}</b></p>",
+            "<p>GPU memory used (dark), the engine's own (blue), its budget "
+            "gpu_memory_utilization × total (green, dashed); marks: " + legend + "</p>",
+            _curve(samples, story),
+            "<h2>What happened</h2>",
+            "<pre>" + html.escape("\n".join(narration)) + "</pre>",
+            "<h2>Summary</h2>",
+            "<pre>" + html.escape("\n".join(summary)) + "</pre>",
+            f"<p>Start: {html.escape(settings_text(scenario.settings))}</p>",
+            "</body></html>",
+        ]
+    )
