@@ -40,7 +40,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "restart_failed": "restart failed: {why}",
         "held_retry": "held: restarting last-known-good ({why})",
         "rollback": "rolled back: {why}",
-        "hold": "HOLD: {why}; tunerd resume when fixed",
+        "hold": "HOLD ({why}): tuning stopped, a person is paged; tunerd resume when fixed",
         "alert": "alert ({severity}): {title}{where}",
         "resolved": "resolved: {title}",
         "stable": "stable for {minutes:g} simulated minutes",
@@ -71,7 +71,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "restart_failed": "重启失败：{why}",
         "held_retry": "保持：重启上一次能用的配置（{why}）",
         "rollback": "已回滚：{why}",
-        "hold": "保持（HOLD）：{why}；修好后执行 tunerd resume",
+        "hold": "保持（HOLD，{why}）：停止调参并呼叫值班的人；修好后执行 tunerd resume",
         "alert": "告警（{severity}）：{title}{where}",
         "resolved": "已恢复：{title}",
         "stable": "已稳定 {minutes:g} 分钟（模拟时间）",
@@ -154,20 +154,25 @@ class Story:
 
     def on_row(self, row: Mapping[str, Any], now: float) -> list[str]:
         """One history record; narrated once, when its outcome is final."""
-        kind, outcome, policy = row["kind"], row["outcome"], row.get("policy") or "tunerd"
+        began: list[str] = []
+        key = row["id"]
         if (
-            kind == "tune"
-            and outcome in {"applied", "succeeded"}
-            and (row["id"], "applied") not in self._seen
+            row["kind"] == "tune"
+            and row["outcome"] in {"applied", "succeeded"}
+            and (key, "applied") not in self._seen
         ):
             # a tuned restart is said when it begins; its end only when it did not take
-            self._seen.add((row["id"], "applied"))
+            self._seen.add((key, "applied"))
             self.last_change = now
             self._mark(now, "tune", _diff(row))
-            return [self.say("tuned", policy=policy, diff=_diff(row))]
-        if (row["id"], "final") in self._seen or outcome not in FINAL:
-            return []
-        self._seen.add((row["id"], "final"))
+            began.append(self.say("tuned", policy=row.get("policy") or "tunerd", diff=_diff(row)))
+        if (key, "final") in self._seen or row["outcome"] not in FINAL:
+            return began
+        self._seen.add((key, "final"))
+        return began + self._final(row, now)
+
+    def _final(self, row: Mapping[str, Any], now: float) -> list[str]:
+        kind, outcome, policy = row["kind"], row["outcome"], row.get("policy") or "tunerd"
         self.rows.append(dict(row))
         reason = row.get("reason") or ""
         if kind == "notify":
@@ -212,7 +217,8 @@ class Story:
         if kind == "hold":
             self.last_change = now
             self._mark(now, "hold", "hold")
-            return [self.say("hold", why=_short(reason))]
+            why = row.get("policy") or reason.split(":", 1)[0]  # the policy, or the saga's why
+            return [self.say("hold", why=why)]
         return []
 
     def on_crash(self, kind: str | None, now: float) -> list[str]:

@@ -1,0 +1,58 @@
+"""The demo's summary and HTML report."""
+
+from __future__ import annotations
+
+from tunerd.demo.report import Sample, bill_table, checks, render_html, safe_kv_tokens
+from tunerd.demo.scenarios import SCENARIOS, scenario
+from tunerd.demo.story import GIB, Story
+
+SEED = SCENARIOS["seed"].settings
+TUNED = {**SEED, "gpu_memory_utilization": 0.94}
+
+
+def test_the_four_bills_before_and_after_the_tune() -> None:
+    lines = bill_table(scenario("seed"), SEED, TUNED)
+    rows = {line[2:26].strip(): line[26:].split() for line in lines[1:]}
+    assert rows["weights"] == ["5.33", "5.33"]
+    assert rows["KV cache pool"] == ["16.29", "15.58"]  # 0.03 of 23.52 GiB less
+    assert rows["activations (peak)"] == ["0.91", "0.91"]
+    # the pools the simulated vLLM reported in the seed demo (its /metrics, cache_config_info)
+    assert rows["KV pool (tokens)"] == ["133,440", "127,664"]
+    assert float(rows["free of the GPU"][1]) - float(rows["free of the GPU"][0]) > 0.7
+
+
+def test_the_safe_maximum_is_the_pool_at_the_planners_utilization() -> None:
+    # `tunerd plan --model llama-3.1-8b --weights awq --kv-dtype fp16 --gpu rtx4090
+    #  --concurrency 4 --context 32768 --max-num-batched-tokens 8192 --max-num-seqs 16 --json`
+    # recommends 0.92, where vLLM's pool is 123,808 tokens
+    assert safe_kv_tokens(scenario("seed"), TUNED) == 123_808
+
+
+def test_the_convergence_checks() -> None:
+    story = Story(scenario("seed"))
+    story.on_serving(SEED, 133_440, 0.0)
+    story.on_crash("cuda_oom", 100.0)
+    story.on_serving(TUNED, 127_664, 200.0)
+    met = {check.name: check for check in checks(story, TUNED, 127_664)}
+    assert met["final KV pool / planner's safe maximum"].met
+    assert met["final KV pool / planner's safe maximum"].value == "127,664 / 123,808 = 103%"
+    assert met["OOMs after converging"].met
+    assert met["restarts to converge"].met
+    short = {check.name: check for check in checks(story, TUNED, 100_000)}
+    assert not short["final KV pool / planner's safe maximum"].met  # 81%: tuned down too far
+
+
+def test_the_report_is_one_page_with_the_curve_and_the_marks() -> None:
+    story = Story(scenario("seed"))
+    story.on_serving(SEED, 133_440, 0.0)
+    story.on_crash("cuda_oom", 100.0)
+    samples = [
+        Sample(t, int((20 + t / 100) * GIB), int(19 * GIB), int(24 * GIB), int(22.8 * GIB))
+        for t in range(0, 200, 10)
+    ]
+    page = render_html(story, samples, ["[0:01:40] engine died: <b>OOM</b>"], ["final: …"], "stable")
+    assert page.startswith("<!doctype html>")
+    assert page.count("<polyline") == 3  # used, the engine's, its budget
+    assert "<title>0:01:40 crash: cuda_oom</title>" in page
+    assert "&lt;b&gt;OOM&lt;/b&gt;" in page  # narration is escaped
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # nothing fetched
