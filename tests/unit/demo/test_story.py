@@ -49,7 +49,8 @@ def test_the_seed_story_is_told_and_converges() -> None:
     story.on_serving({**SCENARIOS["seed"].settings, "gpu_memory_utilization": 0.94}, 127_664, changed + 90)
     assert story.verdict(changed + 599) is None  # ten minutes without a change, not yet
     verdict = story.verdict(changed + 600)
-    assert verdict is not None and verdict.ok
+    assert verdict is not None
+    assert verdict.ok
     assert verdict.why == "stable for 10 simulated minutes"
 
 
@@ -74,7 +75,8 @@ def test_the_neighbour_story_alerts_tunes_nothing_and_holds() -> None:
     assert any(line.startswith("HOLD (crash loop after cuda_oom): tuning stopped") for line in said)
     assert story.tunes() == []
     verdict = story.verdict(len(rows) * 60.0)
-    assert verdict is not None and verdict.ok
+    assert verdict is not None
+    assert verdict.ok
     assert verdict.why == "alerted (oom-neighbour) and tuned nothing; held after the crash loop"
 
 
@@ -84,7 +86,8 @@ def test_a_converging_story_that_ends_held_failed() -> None:
     story.on_serving(SCENARIOS["seed"].settings, 133_440, 0.0)
     _play(story, _rows("neighbour"), set())
     verdict = story.verdict(10_000.0)
-    assert verdict is not None and not verdict.ok
+    assert verdict is not None
+    assert not verdict.ok
     assert verdict.why.startswith("held: crash loop after cuda_oom")
 
 
@@ -99,7 +102,8 @@ def test_an_alert_from_another_policy_is_not_the_neighbours() -> None:
 def test_past_the_deadline_it_failed() -> None:
     story = Story(scenario("seed"))
     verdict = story.verdict(SCENARIOS["seed"].deadline)
-    assert verdict is not None and not verdict.ok
+    assert verdict is not None
+    assert not verdict.ok
     assert verdict.why == "no end after 3 simulated hours"
 
 
