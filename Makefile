@@ -44,12 +44,18 @@ test-vllm: $(STAMP) $(VLLM_STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
-# Speed targets of DESIGN §8, as ratios measured in one run (not part of `make test`).
+# DESIGN §8's targets, measured in one run and printed as one table at the end (~5 min; not
+# part of `make test`). Each benchmark also prints its own details.
+FIGURES := $(abspath .bench-figures.jsonl)
 bench: $(STAMP)
-	$(BIN)/python bench/bench_metrics_parse.py
+	rm -f $(FIGURES)
+	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_metrics_parse.py
 	$(BIN)/python bench/bench_policy_eval.py
-	$(BIN)/python bench/bench_respawn.py
-	$(BIN)/python bench/bench_idle.py 60
+	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_idle.py 60
+	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_detect.py 5
+	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_respawn.py
+	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_converge.py 3
+	$(BIN)/python bench/table.py $(FIGURES)
 
 lint: $(STAMP)
 	$(BIN)/ruff check tunerd tests bench

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,20 +26,12 @@ from pathlib import Path
 
 import httpx
 import yaml
+from common import ROOT, figure, free_port, kill_engine, sim_command
 
-from tunerd.state import State
-
-ROOT = Path(__file__).parents[1]
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 CPU_TARGET = 0.01  # of one core
 WINDOW_S = 10.0  # the CPU share is also printed per window of this length, with their median
 RSS_TARGET = 80 * 1024 * 1024
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -57,13 +48,9 @@ def _rss_bytes(pid: int) -> int:
 
 def main(seconds: float) -> int:
     with tempfile.TemporaryDirectory(prefix="tunerd-bench-idle-") as tmp:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
-        command = [
-            sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--time-scale", "1", "--sim-startup-seconds", "1",
-            "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "rtx4090",
-        ]  # fmt: skip
+        command = sim_command(port, 1, 1)
         config = Path(tmp) / "tunerd.yaml"
         config.write_text(
             yaml.safe_dump(
@@ -118,11 +105,7 @@ def main(seconds: float) -> int:
         finally:
             tunerd.send_signal(signal.SIGTERM)
             tunerd.wait(timeout=30)
-            state = State.open(Path(tmp) / "state")
-            record = state.engine("main")
-            state.close()
-            if record is not None and record.pid:
-                os.killpg(record.pid, signal.SIGKILL)
+            kill_engine(Path(tmp) / "state")
     mib = 1024 * 1024
     print(f"idle tunerd over {seconds:g} s (4 Hz GPU, 0.5 Hz metrics, {len(rss)} RSS readings):")
     per_window = ", ".join(f"{share * 100:.2f}" for share in windows)
@@ -137,6 +120,15 @@ def main(seconds: float) -> int:
     print(
         f"  RSS  median {statistics.median(rss) / mib:.1f} MiB, highest {max(rss) / mib:.1f} MiB   "
         f"(target ≤ {RSS_TARGET / mib:g} MiB: ratio {max(rss) / RSS_TARGET:.2f})"
+    )
+    figure(
+        "idle CPU (share of one core)", f"{cpu * 100:.2f} %", f"≤ {CPU_TARGET * 100:g} %", cpu <= CPU_TARGET
+    )
+    figure(
+        "idle RSS (highest)",
+        f"{max(rss) / mib:.0f} MiB",
+        f"≤ {RSS_TARGET / mib:g} MiB",
+        max(rss) <= RSS_TARGET,
     )
     return 0 if cpu <= CPU_TARGET and max(rss) <= RSS_TARGET else 1
 

@@ -51,7 +51,7 @@ from tunerd.exporter import Exporter, MetricsView
 from tunerd.notify.alert import Action, Alert, Severity, fingerprint
 from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
-from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, new_states
+from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
 from tunerd.scheduler import LOGS, LOOP, Jobs
@@ -379,11 +379,23 @@ class Daemon:
             self._tick_failures += 1
             raise  # the scheduler hands it to _job_failed, which logs it
         self._tick_failures = 0
+        self._tick_when_due()
         self.publish()
         self.notifier.status(self.status_line())
         self.ticks += 1
         if self._tick_limit is not None and self.ticks >= self._tick_limit:
             self._stop.set()
+
+    def _tick_when_due(self) -> None:
+        """When a policy's ``for`` completes before the next tick, tick then (a little after, so
+        the clock has passed it): acting takes ``for`` + one interval at most, not two."""
+        now = self.clock.now()
+        dues = [matures_at(self.policies, loop.policy_states, now) for loop in self.engines]
+        due = min((d for d in dues if d is not None), default=None)
+        if due is None or self.jobs is None:
+            return
+        rate = self.clock.scale if isinstance(self.clock, SimulatorClock) else 1.0
+        self.jobs.run_within("tick", (due - now) / rate + 0.01)
 
     def _death_watch(self) -> None:
         """After each GPU reading (on the sampling thread): bring the tick forward when an

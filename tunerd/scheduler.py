@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from apscheduler.events import (
     EVENT_JOB_ERROR,
@@ -93,6 +93,15 @@ class Jobs:
         """Bring ``job_id``'s next run forward to now (it still waits for a run in progress)."""
         if self.has(job_id):
             self.scheduler.modify_job(job_id, next_run_time=datetime.now(UTC))
+
+    def run_within(self, job_id: str, seconds: float) -> None:
+        """Bring ``job_id``'s next run forward to ``seconds`` from now, unless it is due sooner."""
+        if not self.has(job_id):
+            return
+        when = datetime.now(UTC) + timedelta(seconds=max(seconds, 0.0))
+        job = self.scheduler.get_job(job_id)
+        if job is not None and (job.next_run_time is None or when < job.next_run_time):
+            self.scheduler.modify_job(job_id, next_run_time=when)
 
     def shutdown(self) -> None:
         """Stop scheduling and wait for the jobs in progress to finish."""

@@ -170,3 +170,38 @@ def test_the_engines_warnings_and_errors_are_passed_into_tunerds_log(tmp_path: P
     assert not [e for e in passed if e["engine_level"] == "info"]
     log = (tmp_path / "state" / "engines" / "main.log").read_text()
     assert ") INFO " in log
+
+
+def test_a_for_that_completes_between_ticks_is_acted_on_then(tmp_path: Path) -> None:
+    """DESIGN §8: detection within `for` + one sampling interval. A condition first seen at a
+    tick, with `for: 1s` and ticks 4 s apart, fires 1 s later — not at the next tick (found by
+    bench/bench_detect.py, which measured `for` + two intervals' worth before)."""
+    policy = tmp_path / "policies.yaml"
+    policy.write_text(
+        "version: 1\npolicies:\n  - name: always\n    description: a test policy that always holds\n"
+        "    when: {metric: kv_cache_usage, below: 2, for: 1s}\n    then: [{notify: {severity: info}}]\n"
+        "    cooldown: 1h\n"
+    )
+    said: list[dict[str, Any]] = []
+    daemon = sim_daemon(
+        tmp_path, policies=(str(policy),), top={"metrics": {"interval": "4s"}}, said=said, gpu=CountingGpu()
+    )
+    stop = threading.Event()
+    runner = threading.Thread(target=daemon.run, args=(stop,))
+    try:
+        daemon.start()
+        runner.start()
+        deadline = time.monotonic() + 10
+        while daemon.ticks < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        first_tick = time.monotonic()
+        while not any(e["event"] == "alert" for e in said) and time.monotonic() < first_tick + 10:
+            time.sleep(0.05)
+        alert = next(e for e in said if e["event"] == "alert")
+        assert alert["policy"] == "always"
+        assert 0.8 < alert["at"] - first_tick < 2.5  # 1 s after the first tick; the next is at 4 s
+    finally:
+        stop.set()
+        if runner.is_alive():
+            runner.join(30)
+        close_daemon(daemon, kill=True)

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from tunerd.demo.report import Check, Sample, bill_table, checks, render_html
+from tunerd.demo.report import Check, Sample, bill_table, checks, render_html, safe_kv_tokens
 from tunerd.demo.scenarios import Scenario
 from tunerd.demo.story import Story, Verdict, clock_text, settings_text
 from tunerd.planner.gpus import gpu_profile
@@ -60,6 +60,7 @@ class DemoResult:
     start_settings: dict[str, Any]
     final_settings: dict[str, Any] | None
     kv_tokens: int | None
+    safe_kv_tokens: int | None  # the planner's safe maximum for the final settings
     restarts: int
     crashes: int
     wall_seconds: float
@@ -75,6 +76,7 @@ class DemoResult:
             "start_settings": self.start_settings,
             "final_settings": self.final_settings,
             "kv_cache_tokens": self.kv_tokens,
+            "planner_safe_kv_tokens": self.safe_kv_tokens,
             "restarts": self.restarts,
             "crashes": self.crashes,
             "checks": [check.__dict__ for check in self.checks],
@@ -375,6 +377,7 @@ def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) ->
         start_settings=dict(scenario.settings),
         final_settings=final,
         kv_tokens=kv,
+        safe_kv_tokens=safe_kv_tokens(scenario, final) if final is not None else None,
         restarts=story.restarts_used(),
         crashes=len(story.crashes),
         wall_seconds=time.monotonic() - started,

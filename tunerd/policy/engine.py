@@ -47,7 +47,7 @@ from tunerd.policy.schema import (
 from tunerd.store import Store
 from tunerd.tune import TuneResult, apply_tune
 
-__all__ = ["ActionPlan", "EngineContext", "PolicyState", "evaluate", "new_states"]
+__all__ = ["ActionPlan", "EngineContext", "PolicyState", "evaluate", "matures_at", "new_states"]
 
 MODE_ORDER = {"observe": 0, "advise": 1, "act": 2}
 _CATEGORY_ORDER = {"crash": 0, "memory": 1, "saturation": 2, "other": 3}
@@ -120,6 +120,34 @@ class ActionPlan:
 
 def new_states(policies: Sequence[Policy]) -> dict[str, PolicyState]:
     return {policy.name: PolicyState(policy.name) for policy in policies}
+
+
+def _durations(node: Any, path: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], float]]:
+    """Each metric or signal condition's ``for``, by the node path :class:`_Evaluation` uses."""
+    if isinstance(node, AllOf | AnyOf):
+        children = node.all if isinstance(node, AllOf) else node.any
+        return [found for index, child in enumerate(children) for found in _durations(child, (*path, index))]
+    if isinstance(node, NotOf):
+        return _durations(node.not_, (*path, 0))
+    if isinstance(node, MetricCondition | SignalCondition):
+        return [(path, node.for_)]
+    return []
+
+
+def matures_at(policies: Sequence[Policy], states: Mapping[str, PolicyState], now: float) -> float | None:
+    """The earliest time after ``now`` at which a ``for`` now counting will have held long
+    enough. The daemon evaluates again then rather than at its next tick, so a condition is
+    acted on within its ``for`` plus one sampling interval (DESIGN §8), not two."""
+    due: float | None = None
+    for policy in policies:
+        state = states.get(policy.name)
+        if state is None or state.state != "pending":
+            continue
+        for path, duration in _durations(policy.when):
+            since = state.holds.get(path)
+            if duration and since is not None and since + duration > now:
+                due = since + duration if due is None else min(due, since + duration)
+    return due
 
 
 # -- conditions ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from tunerd import detect
-from tunerd.policy.engine import EngineContext, evaluate, new_states
+from tunerd.policy.engine import EngineContext, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, load_policy_file
 from tunerd.store import Event, Store
 
@@ -188,3 +188,34 @@ def test_a_broken_policy_reports_health_and_others_run(monkeypatch: pytest.Monke
 
 def test_same_inputs_same_plan() -> None:
     assert _run(HOT, [0.9] * 30) == _run(HOT, [0.9] * 30)
+
+
+def test_matures_at_says_when_a_for_will_have_held_long_enough() -> None:
+    """The daemon ticks again then, instead of waiting for its next tick (DESIGN §8)."""
+    both = _policies("""
+  - name: hot
+    when: {metric: kv_cache_usage, above: 0.85, for: 1m}
+    then: [{notify: {severity: info}}]
+  - name: busy
+    when:
+      all:
+        - {metric: num_requests_running, above: 2, for: 30s}
+        - not: {metric: kv_cache_usage, below: 0.1, for: 5m}
+    then: [{notify: {severity: info}}]
+""")
+    store = Store(capacity=100)
+    states = new_states(both)
+    assert matures_at(both, states, 0.0) is None  # nothing counting
+    store.record("kv_cache_usage", "e", 100.0, 0.9)
+    store.record("num_requests_running", "e", 100.0, 1)
+    states, plan = evaluate(both, states, store, _context(), 100.0)
+    assert plan is None
+    assert matures_at(both, states, 100.0) == 160.0  # hot: seen at 100, for 1m
+    store.record("kv_cache_usage", "e", 110.0, 0.9)
+    store.record("num_requests_running", "e", 110.0, 3)
+    states, _ = evaluate(both, states, store, _context(), 110.0)
+    assert matures_at(both, states, 110.0) == 140.0  # busy's 30 s from 110 comes first
+    assert matures_at(both, states, 150.0) == 160.0  # past ones are not due again
+    states, plan = evaluate(both, states, store, _context(), 160.0)
+    assert plan is not None
+    assert "hot" in plan.policies
