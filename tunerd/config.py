@@ -62,6 +62,7 @@ class EngineConfig(_Strict):
     gpus: list[int | str] = Field(default_factory=lambda: list[int | str]([0]))
     settings: dict[str, Any] = Field(default_factory=dict)
     bounds: dict[str, list[Any]] = Field(default_factory=dict)
+    ladders: dict[str, list[Any]] = Field(default_factory=dict)  # a knob's rungs replace its notches
     model: dict[str, Any] | None = None
     hooks: dict[str, list[str]] = Field(default_factory=dict)
     drain: Duration = 120.0  # --shutdown-timeout and the longest drain
@@ -241,7 +242,7 @@ def _engine_problems(raw: dict[str, Any], path: tuple[str | int, ...]) -> list[P
         problems.append(
             Problem((*path, "command"), "an argv list, never a shell string: [vllm, serve, MODEL]")
         )
-    for section in ("settings", "bounds"):
+    for section in ("settings", "bounds", "ladders"):
         values = raw.get(section)
         if not isinstance(values, dict):
             continue
@@ -252,11 +253,10 @@ def _engine_problems(raw: dict[str, Any], path: tuple[str | int, ...]) -> list[P
                 )
             elif section == "settings" and (why := validate_value(knob, value)):
                 problems.append(Problem((*path, section, knob), why))
-            elif section == "bounds":
+            elif section in ("bounds", "ladders"):
                 if not isinstance(value, list) or not value:
-                    problems.append(
-                        Problem((*path, section, knob), "expected [low, high] or a list of values")
-                    )
+                    expected = "[low, high] or a list of values" if section == "bounds" else "a list of rungs"
+                    problems.append(Problem((*path, section, knob), f"expected {expected}"))
                     continue
                 for position, item in enumerate(value):
                     if why := validate_value(knob, item):

@@ -734,6 +734,7 @@ class Daemon:
             name=name,
             settings=settings,
             bounds=loop.config.bounds,
+            ladders=loop.config.ladders,
             failed=self.state.failed_values(name, now - FAILED_VALUE_SECONDS),
             mode=self.config.mode,
             observed_since=loop.observed_since,

@@ -145,3 +145,21 @@ def test_readings_further_apart_than_a_minute_still_show_a_quiet_period(tmp_path
         assert daemon.engines[0].supervisor.running_settings() == {**BEFORE, "max_num_seqs": 6}
     finally:
         close_daemon(daemon, kill=True)
+
+
+def test_an_engines_ladder_replaces_the_knobs_notches(tmp_path: Path) -> None:
+    """`ladders:` in the engine's config reach the policies: 8 steps down to the rung below (3),
+    not the default notch (6)."""
+    daemon = sim_daemon(
+        tmp_path,
+        policies=(_always(tmp_path),),
+        guards={"quiet": {"max_running": 0, "for": "0s", "within": "1h"}},
+        bounds={"max_num_seqs": [2, 8]},
+        ladders={"max_num_seqs": [2, 3, 8]},
+    )
+    try:
+        daemon.start()
+        _ticks(daemon, 0.5)
+        assert daemon.engines[0].supervisor.running_settings() == {**BEFORE, "max_num_seqs": 3}
+    finally:
+        close_daemon(daemon, kill=True)

@@ -186,3 +186,23 @@ def test_notify_targets_read_urls_and_secrets_from_the_environment() -> None:
     )
     assert rate_of(config.notify[0].rate or "") == (10, 60.0)
     assert set(typing.get_args(NotifyConfig.model_fields["kind"].annotation)) == set(KINDS)
+
+
+def test_ladders_as_the_examples_suggest_them() -> None:
+    """policies/examples/datacenter-80g.yaml tells operators to give an engine `ladders:`; the
+    config refused the field until now (found in review)."""
+    config = load_config(
+        "c.yaml",
+        "engine:\n  name: big\n  command: [vllm, serve, m]\n"
+        "  bounds: {max_num_seqs: [64, 1024]}\n"
+        "  ladders: {max_num_seqs: [64, 128, 256, 512, 768, 1024]}\n",
+    )
+    assert config.engines[0].ladders == {"max_num_seqs": [64, 128, 256, 512, 768, 1024]}
+    problems = _problems(
+        "engine:\n  name: big\n  command: [vllm, serve, m]\n  ladders:\n"
+        "    max_num_seqs: [64, lots]\n    swap_space: [1, 2]\n    max_model_len: []\n"
+    )
+    text = "\n".join(problems)
+    assert "c.yaml:5: engines[0].ladders.max_num_seqs[1]: max_num_seqs takes a number" in text
+    assert "c.yaml:6: engines[0].ladders.swap_space: not a tunable" in text
+    assert "c.yaml:7: engines[0].ladders.max_model_len: expected a list of rungs" in text
