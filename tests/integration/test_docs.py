@@ -314,3 +314,17 @@ def test_the_kubernetes_example_config_passes_config_check(tmp_path: Path) -> No
     )
     assert done.returncode == 0, done.stderr
     assert "7 policies; mode advise" in done.stdout
+
+
+def test_the_annotated_config_in_docs_passes_config_check(tmp_path: Path) -> None:
+    """docs/config.md's example, with the chat sink's variables set as the unit would set them."""
+    block = re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "config.md").read_text(), flags=re.S)[0]
+    (tmp_path / "tunerd.yaml").write_text(block)
+    done = subprocess.run(
+        [sys.executable, "-m", "tunerd", "config", "check", "--config", str(tmp_path / "tunerd.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "TUNERD_FEISHU_URL": "https://open.feishu.cn/x", "TUNERD_FEISHU_SECRET": "s"},
+    )
+    assert done.returncode == 0, done.stderr
