@@ -169,7 +169,7 @@ class Daemon:
         self._stop = threading.Event()
         self._tick_limit: int | None = None
         self.published: dict[str, Any] | None = None  # what the status API hands out
-        self.status_server = StatusServer(config.status_socket(), lambda: self.published)
+        self.status_server = StatusServer(config.status_socket(), lambda: self.published, wake=self._wake)
         self._serving = False
         self.metrics_view: MetricsView | None = None  # what tunerd's own /metrics reports
         self.scrape_errors: dict[str, int] = {}
@@ -385,6 +385,11 @@ class Daemon:
         self.ticks += 1
         if self._tick_limit is not None and self.ticks >= self._tick_limit:
             self._stop.set()
+
+    def _wake(self) -> None:
+        """A person's pin, resume or rollback was written to the state: look at it now."""
+        if self.jobs is not None:
+            self.jobs.run_soon("tick")
 
     def _tick_when_due(self) -> None:
         """When a policy's ``for`` completes before the next tick, tick then (a little after, so

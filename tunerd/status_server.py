@@ -1,5 +1,7 @@
 """The daemon's status API: HTTP over a unix socket (mode 0660, so the ``tunerd`` group may
-read it), one resource: ``GET /status`` → DESIGN §4.8's JSON. ``tunerd status`` is its client.
+read it). ``GET /status`` → DESIGN §4.8's JSON (``tunerd status`` is its client); ``POST
+/wake`` asks the daemon to look at its state now rather than at its next tick (``tunerd pin``,
+``resume`` and ``rollback`` write their word to the state database, then wake it).
 
 The server only hands out the latest status the daemon published (after each tick and each
 restart step): it never reads the daemon's state itself, so it needs no lock and a slow
@@ -25,6 +27,7 @@ __all__ = ["StatusServer"]
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     published: Callable[[], dict[str, Any] | None]
+    wake: Callable[[], None] | None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -43,6 +46,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, {"error": "tunerd is starting: no status yet"})
             return
         self._send(200, status)
+
+    def do_POST(self) -> None:
+        if self.path.split("?", 1)[0] not in ("/wake", "/wake/") or self.server.wake is None:
+            self._send(404, {"error": f"no such resource {self.path}; try POST /wake"})
+            return
+        self.server.wake()
+        self._send(202, {"ok": True, "said": "tunerd looks at its state now"})
 
     def _send(self, code: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -64,9 +74,15 @@ def _someone_listens(path: Path) -> bool:
 
 
 class StatusServer:
-    def __init__(self, path: str | os.PathLike[str], published: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        published: Callable[[], dict[str, Any] | None],
+        wake: Callable[[], None] | None = None,
+    ) -> None:
         self.path = Path(path)
         self._published = published
+        self._wake = wake
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -79,6 +95,7 @@ class StatusServer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         server = _Server(str(self.path), _Handler, bind_and_activate=False)
         server.published = self._published
+        server.wake = self._wake
         old_umask = os.umask(0o117)  # born 0660: no moment of a wider mode
         try:
             server.server_bind()

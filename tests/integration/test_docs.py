@@ -46,7 +46,7 @@ SYSTEM_TOOLS = {
 EXPECTED_EXIT = {
     "tunerd run --config bad.yaml": 2,
     # the box has made no change to undo ("nothing to roll back"); tests/integration/
-    # test_pin_cli.py runs a rollback that takes
+    # test_people_win.py runs rollbacks that take
     "tunerd rollback llama31-8b --reason the last tune made it worse": 2,
 }
 #: Run elsewhere: the demo by tests/integration/test_demo.py, the test suite by CI.

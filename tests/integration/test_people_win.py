@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -155,3 +156,44 @@ def test_an_engine_a_person_started_by_hand_is_adopted_not_replaced(tmp_path: Pa
         close_daemon(second, kill=False)
         os.killpg(by_hand.pid, signal.SIGKILL)
         by_hand.wait()
+
+
+def test_a_rollback_wakes_the_running_daemon_instead_of_waiting_for_its_tick(tmp_path: Path) -> None:
+    """DESIGN §4.1: `rollback` (like `pin` and `resume`) takes `--socket`: after writing its word
+    to the state it wakes the daemon there, which acts at once — not at its next tick, 30 s on."""
+    socket_path = tmp_path / "tunerd.sock"
+    daemon = sim_daemon(
+        tmp_path,
+        top={
+            "metrics": {"interval": "30s"},
+            "listen": {"status": str(socket_path), "metrics": "127.0.0.1:0"},
+        },
+    )
+    stop = threading.Event()
+    runner = threading.Thread(target=daemon.run, args=(stop,))
+    try:
+        daemon.start()
+        supervisor = daemon.engines[0].supervisor
+        assert (
+            supervisor.restart(AFTER, reason="kv-pool-saturated: max_num_seqs 8 → 6").outcome == "succeeded"
+        )
+        runner.start()
+        deadline = time.monotonic() + 10
+        while daemon.ticks < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        asked = _tunerd(
+            "rollback", "main", "--state-dir", str(tmp_path / "state"), "--socket", str(socket_path),
+            "--reason", "latency doubled",
+        )  # fmt: skip
+        assert asked.returncode == 0, asked.stderr
+        assert "no tunerd answered" not in asked.stdout
+        asked_at = time.monotonic()
+        while supervisor.running_settings() != BEFORE and time.monotonic() < asked_at + 20:
+            time.sleep(0.1)
+        assert supervisor.running_settings() == BEFORE
+        assert time.monotonic() - asked_at < 15  # the next tick was 30 s away
+    finally:
+        stop.set()
+        if runner.is_alive():
+            runner.join(60)
+        close_daemon(daemon, kill=True)

@@ -27,6 +27,10 @@ def test_pin_then_resume(tmp_path: Path) -> None:
     pinned = _tunerd("pin", "main", "--state-dir", str(tmp_path), "--reason", "launch week")
     assert pinned.returncode == 0, pinned.stderr
     assert "main: pinned" in pinned.stdout
+    assert (
+        f"(no tunerd answered on {tmp_path / 'tunerd.sock'}: it acts on this when it next runs)"
+        in pinned.stdout
+    )
     refusal = may_change(_facts(tmp_path), GuardConfig(), now=0.0)
     assert refusal is not None
     assert "pinned" in refusal.reason

@@ -6,7 +6,9 @@ spent restart budget) and a pause (after a person changed the engine's flags or 
 back). ``rollback`` undoes the last change that took: the running tunerd restarts the engine
 with the settings it had before, through the same saga (drain, verify, roll back if *that*
 fails), and tuning pauses so the policies do not redo the change at once. All three write to
-the state database, which the running daemon reads every tick, and are recorded in history.
+the state database, which the running daemon reads every tick, and are recorded in history;
+then they wake the daemon through its status socket (``--socket``) so that it acts at once,
+and say when no tunerd answered (it acts when it next runs).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands.common import EXIT_OK, Parser, UsageError
 from tunerd.commands.history import add_state_arguments, state_dir_of
+from tunerd.commands.status import add_socket_argument, socket_of, wake
 from tunerd.engine.args import settings_to_args
 from tunerd.state import State, StateError
 
@@ -35,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     pin.add_argument("engine", metavar="ENGINE", help="the engine's name in the config")
     pin.add_argument("--reason", default="pinned by hand", help="why (shown in history)")
     add_state_arguments(pin)
+    add_socket_argument(pin)
     pin.set_defaults(handler=_pin, prog=pin.prog)
     resume = subparsers.add_parser(
         "resume",
@@ -44,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     resume.add_argument("engine", metavar="ENGINE", help="the engine's name in the config")
     resume.add_argument("--reason", default="resumed by hand", help="why (shown in history)")
     add_state_arguments(resume)
+    add_socket_argument(resume)
     resume.set_defaults(handler=_resume, prog=resume.prog)
 
     rollback = subparsers.add_parser(
@@ -58,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     rollback.add_argument("engine", metavar="ENGINE", help="the engine's name in the config")
     rollback.add_argument("--reason", default="rolled back by hand", help="why (shown in history)")
     add_state_arguments(rollback)
+    add_socket_argument(rollback)
     rollback.set_defaults(handler=_rollback, prog=rollback.prog)
 
 
@@ -96,6 +102,7 @@ def _pin(args: argparse.Namespace) -> int:
     with _changing(args, "pin") as state:
         state.set_flags(args.engine, pinned=True)
     print(f"{args.engine}: pinned; `tunerd resume {args.engine}` lets tunerd tune it again")
+    _wake(args)
     return EXIT_OK
 
 
@@ -103,6 +110,7 @@ def _resume(args: argparse.Namespace) -> int:
     with _changing(args, "resume") as state:
         state.set_flags(args.engine, pinned=False, held=False, paused=None)
     print(f"{args.engine}: resumed; policies may tune it again")
+    _wake(args)
     return EXIT_OK
 
 
@@ -147,4 +155,12 @@ def _rollback(args: argparse.Namespace) -> int:
         f"{' '.join(settings_to_args(target))}; tuning paused until "
         f"`tunerd resume {args.engine}`"
     )
+    _wake(args)
     return EXIT_OK
+
+
+def _wake(args: argparse.Namespace) -> None:
+    """Tell the running tunerd to look now; say so when none answers."""
+    path = socket_of(args)
+    if not wake(path):
+        print(f"(no tunerd answered on {path}: it acts on this when it next runs)")

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
         ),
     )
     parser.add_argument("--json", action="store_true", help="the status as one JSON object")
-    parser.add_argument("--socket", metavar="PATH", help="the daemon's status socket (default: see above)")
+    add_socket_argument(parser)
     add_state_arguments(parser)
     parser.set_defaults(handler=_run, prog=parser.prog)
 
@@ -70,6 +70,23 @@ def fetch(path: Path, timeout: float = 10.0) -> dict[str, Any]:
     if response.status_code != 200:
         raise UsageError(f"tunerd answered {response.status_code}: {response.text.strip()}")
     return dict(response.json())
+
+
+def wake(path: Path) -> bool:
+    """Ask the daemon on ``path`` to look at its state now; False when none answers."""
+    if not path.exists():
+        return False
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=5.0) as client:
+            return client.post("http://tunerd/wake").status_code == 202
+    except httpx.HTTPError:
+        return False
+
+
+def add_socket_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--socket", metavar="PATH", help="the daemon's status socket (default: listen.status in --config)"
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
