@@ -209,6 +209,12 @@ def _stop_engine(state_dir: Path) -> None:
         state.close()
         if record is None or record.pid is None:
             return
+        try:  # only the simulator the daemon started: a dead engine's PID may be reused
+            argv = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return
+        if b"sim" not in argv or b"serve" not in argv:
+            return
         with contextlib.suppress(ProcessLookupError):
             os.kill(record.pid, signal.SIGTERM)
         deadline = time.monotonic() + 15
