@@ -144,6 +144,16 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path: Path) -> None:
     done, _ = _demo(tmp_path)
     assert done.returncode == 2
     assert "is not empty (tunerd would adopt what it finds there)" in done.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("version: 1\npolicies:\n  - name: x\n    when: {metric: kv_cache_usage, above: lots}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "tunerd", "demo", "--policies", str(broken)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert f"{broken}:4:" in done.stderr  # located, before anything starts
     done = subprocess.run(
         [sys.executable, "-m", "tunerd", "demo", "--scenario", "nope"],
         check=False,

@@ -21,6 +21,7 @@ from pathlib import Path
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError
 from tunerd.demo.runner import DemoOptions, run_demo, write_report
 from tunerd.demo.scenarios import SCENARIOS, scenario
+from tunerd.policy.schema import PolicyError, load_policy_files
 
 __all__ = ["default_language", "register"]
 
@@ -91,6 +92,10 @@ def _demo(args: argparse.Namespace) -> int:
     policies = Path(args.policies)
     if not policies.is_file():
         raise UsageError(f"no policy file at {policies} (give one with --policies)")
+    try:
+        load_policy_files([policies])
+    except PolicyError as error:
+        raise UsageError(str(error)) from None
     if args.workdir and Path(args.workdir).exists() and any(Path(args.workdir).iterdir()):
         raise UsageError(f"--workdir {args.workdir} is not empty (tunerd would adopt what it finds there)")
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="tunerd-demo-"))
