@@ -244,9 +244,6 @@ class Story:
             self._mark(now, "serving", f"{tokens:,}")
         return lines
 
-    def on_down(self) -> None:
-        self.serving = False
-
     # -- judgement --------------------------------------------------------------------------
 
     def tunes(self, outcome: str = "succeeded") -> list[dict[str, Any]]:
@@ -262,8 +259,13 @@ class Story:
             and not _first_start(row)
         )
 
-    def crashes_after(self, time: float) -> int:
-        return sum(1 for at, _ in self.crashes if at > time)
+    def settled_at(self) -> float:
+        """When the settings last changed (a tune or a rollback began): what "after converging"
+        counts from. A crash restart with the same settings does not move it."""
+        return max((mark.time for mark in self.marks if mark.kind in ("tune", "rollback")), default=0.0)
+
+    def ooms_after(self, time: float) -> int:
+        return sum(1 for at, kind in self.crashes if at > time and kind == "cuda_oom")
 
     def verdict(self, now: float) -> Verdict | None:
         """None while the story goes on; else how it ended."""

@@ -28,10 +28,17 @@ def test_the_safe_maximum_is_the_pool_at_the_planners_utilization() -> None:
     assert safe_kv_tokens(scenario("seed"), TUNED) == 123_808
 
 
+def _tune(story: Story, now: float) -> None:
+    row = {"id": int(now), "kind": "tune", "outcome": "succeeded", "policy": "oom", "reason": "",
+           "from_settings": SEED, "to_settings": TUNED}  # fmt: skip
+    story.on_row(row, now)
+
+
 def test_the_convergence_checks() -> None:
     story = Story(scenario("seed"))
     story.on_serving(SEED, 133_440, 0.0)
     story.on_crash("cuda_oom", 100.0)
+    _tune(story, 100.0)  # the oom policy's restart with tuned settings
     story.on_serving(TUNED, 127_664, 200.0)
     met = {check.name: check for check in checks(story, TUNED, 127_664)}
     assert met["final KV pool / planner's safe maximum"].met
@@ -40,6 +47,10 @@ def test_the_convergence_checks() -> None:
     assert met["restarts to converge"].met
     short = {check.name: check for check in checks(story, TUNED, 100_000)}
     assert not short["final KV pool / planner's safe maximum"].met  # 81%: tuned down too far
+    story.on_crash("cuda_oom", 900.0)  # after the last change; restarted with the same settings
+    again = {check.name: check for check in checks(story, TUNED, 127_664)}
+    assert again["OOMs after converging"].value == "1"
+    assert not again["OOMs after converging"].met
 
 
 def test_the_report_is_one_page_with_the_curve_and_the_marks() -> None:
