@@ -8,7 +8,9 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +153,26 @@ def close_daemon(daemon: Daemon, kill: bool) -> None:
     if kill and record is not None and record.pid:
         with contextlib.suppress(ProcessLookupError):  # it may have died on its own
             os.killpg(record.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running(daemon: Daemon, prepare: Callable[[], object] | None = None) -> Iterator[Daemon]:
+    """The daemon as `tunerd run` runs it: started, ``prepare`` done (on this thread, before any
+    job runs), then its jobs on a thread until the block ends, the first tick awaited (at most
+    10 s); then stopped, closed, and its engine killed."""
+    stop = threading.Event()
+    runner = threading.Thread(target=daemon.run, args=(stop,))
+    try:
+        daemon.start()
+        if prepare is not None:
+            prepare()
+        runner.start()
+        deadline = time.monotonic() + 10
+        while daemon.ticks < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield daemon
+    finally:
+        stop.set()
+        if runner.is_alive():
+            runner.join(60)
+        close_daemon(daemon, kill=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.sim_daemon import BEFORE, CountingGpu, close_daemon, sim_daemon
+from tests.integration.sim_daemon import BEFORE, CountingGpu, close_daemon, running, sim_daemon
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 
@@ -101,14 +101,7 @@ def test_a_dead_engine_brings_the_tick_forward(tmp_path: Path) -> None:
     next tick."""
     said: list[dict[str, Any]] = []
     daemon = sim_daemon(tmp_path, top={"metrics": {"interval": "30s"}}, said=said, gpu=CountingGpu())
-    stop = threading.Event()
-    runner = threading.Thread(target=daemon.run, args=(stop,))
-    try:
-        daemon.start()
-        runner.start()
-        deadline = time.monotonic() + 10
-        while daemon.ticks < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with running(daemon):
         assert daemon.ticks == 1
         killed_at = time.monotonic()
         os.killpg(daemon.engines[0].supervisor.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
@@ -119,11 +112,6 @@ def test_a_dead_engine_brings_the_tick_forward(tmp_path: Path) -> None:
         assert crash["at"] - killed_at < 2.0  # sampled every 0.25 s; the tick is 30 s
         recovered = next(e for e in said if e["event"] == "engine_recovered")
         assert recovered["outcome"] == "restarted after unknown", recovered
-    finally:
-        stop.set()
-        if runner.is_alive():
-            runner.join(30)
-        close_daemon(daemon, kill=True)
 
 
 def test_a_reload_that_changes_the_interval_reschedules_the_tick_and_resizes_the_store(
@@ -186,22 +174,10 @@ def test_a_for_that_completes_between_ticks_is_acted_on_then(tmp_path: Path) -> 
     daemon = sim_daemon(
         tmp_path, policies=(str(policy),), top={"metrics": {"interval": "4s"}}, said=said, gpu=CountingGpu()
     )
-    stop = threading.Event()
-    runner = threading.Thread(target=daemon.run, args=(stop,))
-    try:
-        daemon.start()
-        runner.start()
-        deadline = time.monotonic() + 10
-        while daemon.ticks < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with running(daemon):
         first_tick = time.monotonic()
         while not any(e["event"] == "alert" for e in said) and time.monotonic() < first_tick + 10:
             time.sleep(0.05)
         alert = next(e for e in said if e["event"] == "alert")
         assert alert["policy"] == "always"
         assert 0.8 < alert["at"] - first_tick < 2.5  # 1 s after the first tick; the next is at 4 s
-    finally:
-        stop.set()
-        if runner.is_alive():
-            runner.join(30)
-        close_daemon(daemon, kill=True)

@@ -16,7 +16,14 @@ import pytest
 import yaml
 
 from tests.integration.notify_receiver import Answer, receiver
-from tests.integration.sim_daemon import CountingGpu, close_daemon, free_port, sim_command, sim_daemon
+from tests.integration.sim_daemon import (
+    CountingGpu,
+    close_daemon,
+    free_port,
+    running,
+    sim_command,
+    sim_daemon,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -122,18 +129,10 @@ def test_a_crash_loop_pages_every_sink_once(tmp_path: Path) -> None:
                 "notify": [{"name": "chat", "kind": "slack", "url": slack.url}],
             },
         )
-        stop = threading.Event()
-        runner = threading.Thread(target=daemon.run, args=(stop,))
-        try:
-            daemon.start()
-            runner.start()
+        with running(daemon):
             deadline = time.monotonic() + 60
             while not any("held" in g.json()["text"] for g in slack.got) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        finally:
-            stop.set()
-            runner.join(30)
-            close_daemon(daemon, kill=True)
         texts = [g.json()["text"] for g in slack.got]
     held = [text for text in texts if "held" in text]
     assert len(held) == 1, texts

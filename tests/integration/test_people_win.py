@@ -9,14 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.integration.cli import run_tunerd as _tunerd
-from tests.integration.sim_daemon import BEFORE, close_daemon, free_port, sim_daemon
+from tests.integration.sim_daemon import BEFORE, close_daemon, free_port, running, sim_daemon
 from tunerd.engine.guards import may_change
 from tunerd.engine.process import find_listener
 
@@ -169,18 +168,14 @@ def test_a_rollback_wakes_the_running_daemon_instead_of_waiting_for_its_tick(tmp
             "listen": {"status": str(socket_path), "metrics": "127.0.0.1:0"},
         },
     )
-    stop = threading.Event()
-    runner = threading.Thread(target=daemon.run, args=(stop,))
-    try:
-        daemon.start()
-        supervisor = daemon.engines[0].supervisor
+    supervisor = daemon.engines[0].supervisor
+
+    def tuned() -> None:  # a change that took, before the daemon's jobs run
         assert (
             supervisor.restart(AFTER, reason="kv-pool-saturated: max_num_seqs 8 → 6").outcome == "succeeded"
         )
-        runner.start()
-        deadline = time.monotonic() + 10
-        while daemon.ticks < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+
+    with running(daemon, prepare=tuned):
         asked = _tunerd(
             "rollback", "main", "--state-dir", str(tmp_path / "state"), "--socket", str(socket_path),
             "--reason", "latency doubled",
@@ -192,8 +187,3 @@ def test_a_rollback_wakes_the_running_daemon_instead_of_waiting_for_its_tick(tmp
             time.sleep(0.1)
         assert supervisor.running_settings() == BEFORE
         assert time.monotonic() - asked_at < 15  # the next tick was 30 s away
-    finally:
-        stop.set()
-        if runner.is_alive():
-            runner.join(60)
-        close_daemon(daemon, kill=True)
