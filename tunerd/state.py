@@ -181,6 +181,9 @@ class State:
                 if not self.path.exists():
                     raise StateError(f"{self.path}: no state yet")
                 self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+                if self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'engines'").fetchone() is None:
+                    self._db.close()  # the daemon has created the file, not yet its tables
+                    raise StateError(f"{self.path}: no state yet")
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 # the daemon opens it at start-up and its loop thread uses it from then on

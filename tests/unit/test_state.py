@@ -219,3 +219,11 @@ def test_restart_times_and_crashes_for_the_guards(tmp_path: Path) -> None:
     assert state.last_outcome("e", "tune", since=0) == "proposed"
     assert state.last_outcome("other", "tune", since=0) == "rolled_back"
     assert state.last_outcome("e", "hold", since=0) is None
+
+
+def test_a_reader_that_comes_before_the_tables_is_told_there_is_no_state_yet(tmp_path: Path) -> None:
+    """Found by a CI run of `tunerd demo`: it opened the state read-only as soon as the daemon had
+    created the file, before its tables, and failed with `no such table: engines`."""
+    (tmp_path / "tunerd.db").write_bytes(b"")  # what sqlite3.connect leaves before the schema
+    with pytest.raises(StateError, match="no state yet"):
+        State.open(tmp_path, readonly=True)
