@@ -518,7 +518,11 @@ def test_sim_gpu_is_the_inspect_gpu_object(tmp_path: Path) -> None:
 def test_sigterm_during_startup_stops_promptly(tmp_path: Path) -> None:
     """Review finding: a SIGTERM while starting was ignored and the server then ran forever."""
     with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG, "--sim-startup-seconds", "200", wait_ready=False) as engine:
-        time.sleep(1.0)
+        # its first start-up line comes after its SIGTERM handler is in place (a fixed 1 s wait
+        # was not always enough on a loaded 2-core CI machine: the signal killed it, -15)
+        deadline = time.monotonic() + 30
+        while not engine.log.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
         engine.process.send_signal(signal.SIGTERM)
         assert engine.wait_exit(timeout=10) == 0
 
