@@ -200,6 +200,7 @@ class Daemon:
             room=lambda settings: self._gpu_room(engine, settings),
             runner=self._runner(engine),
         )
+        supervisor.mode = self.config.mode
         return EngineLoop(engine, supervisor, client, new_states(self.policies), now)
 
     def _on_step(self, engine: str, step: str) -> None:
@@ -317,37 +318,71 @@ class Daemon:
 
     def _people_win(self, loop: EngineLoop) -> None:
         """A person changed the engine's settings or command in the config since tunerd last
-        saw it: theirs become the new base — the engine restarts with them through the saga —
-        tuning pauses for that engine, and an alert says so."""
+        applied the config. Found by comparing the config with the config tunerd recorded —
+        never ``/proc``'s argv with the config's text: a console script, ``python -m``, a
+        symlinked interpreter and a wrapper each show other text for the same engine.
+
+        Theirs become the new base (an ``initial`` version with its command) and tuning pauses.
+        In mode ``act`` the engine restarts with them through the saga; ``observe`` and
+        ``advise`` never restart a healthy engine: the change is proposed, and takes effect
+        when tunerd next starts the engine (or once the mode is ``act``). An alert says which."""
         name = loop.config.name
         supervisor = loop.supervisor
         record = self.state.engine(name)
-        base = self.state.base_settings(name)
-        running = supervisor.running_settings()
-        if record is None or base is None or running is None or record.argv is None:
+        base = self.state.base(name)
+        if record is None or base is None or record.running is None:
             return
-        wanted = dict(loop.config.settings)
-        command_changed = list(record.argv) != supervisor.spec.argv(running)
-        if wanted == base and not command_changed:
-            return
-        changed = changes(base, wanted)
-        if command_changed:
-            changed.append("command")
-        why = f"the config was changed by a person ({', '.join(changed)}): adopted as the new base"
+        wanted, command = dict(loop.config.settings), list(loop.config.command)
+        if base.command is None:  # recorded before tunerd kept the command: this one it was
+            self.state.set_command(base.id, command)
+            base = self.state.version(base.id)
+        changed = changes(base.settings, wanted) + (["command"] if command != base.command else [])
         now = self.clock.now()
+        if changed:
+            self.state.add_version(name, wanted, "initial", now, command=command)
+            base = self.state.base(name)
+            assert base is not None
+        running = self.state.version(record.running)
+        if self.state.pending_base(name) is None:
+            return  # applied (or superseded, or it failed to start: said when it did)
+        what = ", ".join(changed) if changed else ", ".join(changes(running.settings, base.settings))
+        why = f"the config was changed by a person ({what or 'the command'}): adopted as the new base"
+        pause = f"{why}; tuning paused until `tunerd resume {name}`"
+        if self.config.mode != "act":
+            if not changed:
+                return  # proposed when it was first seen
+            self.state.record_action(
+                engine=name,
+                kind="adopt",
+                mode=self.config.mode,
+                outcome="proposed",
+                reason=f"{why}; mode {self.config.mode} does not restart a healthy engine: the new "
+                "settings take effect when tunerd next starts it (or in mode act)",
+                now=now,
+                from_settings=running.settings,
+                to_settings=base.settings,
+                evidence={"asked_by": f"config {self.config.source_file}"},
+            )
+            self.state.set_flags(name, paused=pause)
+            self._alert_adopted(
+                loop,
+                f"{why}; not applied: mode {self.config.mode} never restarts a "
+                f"healthy engine — they take effect at its next start",
+            )
+            return
         action = self.state.record_action(
             engine=name,
             kind="adopt",
-            mode="act",
+            mode=self.config.mode,
             outcome="proposed",
             reason=why,
             now=now,
-            from_settings=running,
-            to_settings=wanted,
+            from_settings=running.settings,
+            to_settings=base.settings,
             evidence={"asked_by": f"config {self.config.source_file}"},
         )
-        self.state.set_flags(name, paused=f"{why}; tuning paused until `tunerd resume {name}`")
-        result = supervisor.restart(wanted, reason=why, asked=action, source="initial")
+        self.state.set_flags(name, paused=pause)
+        result = supervisor.restart(base.settings, reason=why, asked=action, version=base.id)
         self._alert_adopted(loop, f"{why}; restart {result.outcome}")
 
     def run(self, stop: threading.Event | None = None, ticks: int | None = None) -> None:
@@ -566,6 +601,7 @@ class Daemon:
                 for policy in policies
             }
             loop.supervisor.guards = guards
+            loop.supervisor.mode = self.config.mode
         self.say(
             "reloaded",
             policies=[policy.name for policy in policies],

@@ -10,10 +10,14 @@ Tables:
 
 - ``versions``: every settings set an engine ran or was meant to run, where it came from
   (``initial``, ``tune``, ``adopt``, ``rollback``, ``pin``), how long it took to start, and
-  when it failed;
+  when it failed; an ``initial`` version also keeps the config's ``command`` it came with, so
+  a person's edit of the config is found by comparing config with config;
 - ``engines``: per engine, the running version, the last-known-good one, the generation
-  (which start of the engine), the hold / pin / pause flags and the adopted process
-  (PID, start time, argv);
+  (which start of the engine), the hold / pin / pause flags and the adopted process: PID,
+  start time, the argv tunerd passed to exec (``spawned_argv``) and the argv ``/proc`` shows
+  (``argv``: a console script's shows its interpreter and path in front).
+
+A database written by an older tunerd gains the new columns when it is opened.
 - ``actions``: the history records of DESIGN §4.8, updated in place as a restart moves from
   ``applied`` to ``succeeded``/``failed``/``rolled_back``;
 - ``intents``: the step an in-flight restart has reached, so a restarted tunerd can finish or
@@ -58,7 +62,8 @@ CREATE TABLE IF NOT EXISTS versions (
     created REAL NOT NULL,
     source TEXT NOT NULL,
     startup_seconds REAL,
-    failed_at REAL
+    failed_at REAL,
+    command TEXT
 );
 CREATE TABLE IF NOT EXISTS engines (
     engine TEXT PRIMARY KEY,
@@ -70,7 +75,8 @@ CREATE TABLE IF NOT EXISTS engines (
     paused TEXT,
     pid INTEGER,
     pid_start REAL,
-    argv TEXT
+    argv TEXT,
+    spawned_argv TEXT
 );
 CREATE TABLE IF NOT EXISTS actions (
     id INTEGER PRIMARY KEY,
@@ -97,6 +103,11 @@ CREATE TABLE IF NOT EXISTS intents (
     updated REAL NOT NULL
 );
 """
+#: columns added since the first release: (table, column, type), added to older databases
+_ADDED_COLUMNS = (
+    ("versions", "command", "TEXT"),
+    ("engines", "spawned_argv", "TEXT"),
+)
 
 
 class StateError(Exception):
@@ -112,6 +123,7 @@ class Version:
     source: str
     startup_seconds: float | None
     failed_at: float | None
+    command: list[str] | None = None  # an initial version's: the config's command it came with
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,8 @@ class EngineRecord:
     paused: str | None
     pid: int | None
     pid_start: float | None
-    argv: list[str] | None
+    argv: list[str] | None  # as /proc/PID/cmdline showed it
+    spawned_argv: list[str] | None = None  # as tunerd passed it to exec
 
 
 @dataclass(frozen=True)
@@ -192,10 +205,18 @@ class State:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
                 self._db.executescript(_SCHEMA)
+                self._add_columns()
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.row_factory = sqlite3.Row
         except sqlite3.Error as error:
             raise StateError(f"{self.path}: {error}") from None
+
+    def _add_columns(self) -> None:
+        """Columns a database written by an older tunerd lacks (SQLite adds them in place)."""
+        for table, column, kind in _ADDED_COLUMNS:
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     @classmethod
     def open(cls, state_dir: str | os.PathLike[str], readonly: bool = False) -> State:
@@ -216,13 +237,27 @@ class State:
         self._db.execute("COMMIT")
 
     # -- settings versions and engines ---------------------------------------------------
-    def add_version(self, engine: str, settings: Mapping[str, Any], source: str, now: float) -> int:
+    def add_version(
+        self,
+        engine: str,
+        settings: Mapping[str, Any],
+        source: str,
+        now: float,
+        command: list[str] | None = None,
+    ) -> int:
+        """A new settings version; ``command`` is the config's, for ``initial`` versions."""
         if source not in SOURCES:
             raise ValueError(f"unknown version source '{source}'")
         with self.transaction() as db:
             cursor = db.execute(
-                "INSERT INTO versions (engine, settings, created, source) VALUES (?, ?, ?, ?)",
-                (engine, json.dumps(dict(settings), sort_keys=True), now, source),
+                "INSERT INTO versions (engine, settings, created, source, command) VALUES (?, ?, ?, ?, ?)",
+                (
+                    engine,
+                    json.dumps(dict(settings), sort_keys=True),
+                    now,
+                    source,
+                    None if command is None else json.dumps(list(command)),
+                ),
             )
             db.execute("INSERT OR IGNORE INTO engines (engine) VALUES (?)", (engine,))
             return int(cursor.lastrowid or 0)
@@ -231,24 +266,38 @@ class State:
         row = self._db.execute("SELECT * FROM versions WHERE id = ?", (version_id,)).fetchone()
         if row is None:
             raise StateError(f"no settings version {version_id}")
-        return Version(
-            row["id"],
-            row["engine"],
-            json.loads(row["settings"]),
-            row["created"],
-            row["source"],
-            row["startup_seconds"],
-            row["failed_at"],
-        )
+        return _version(row)
 
-    def base_settings(self, engine: str) -> dict[str, Any] | None:
-        """What the config last said: the settings of the engine's newest ``initial`` version
-        (written when tunerd first started it, and again each time a person changed them)."""
+    def base(self, engine: str) -> Version | None:
+        """What the config last said: the engine's newest ``initial`` version, its settings and
+        command (written when tunerd first started the engine, and again each time a person
+        changed the config)."""
         row = self._db.execute(
-            "SELECT settings FROM versions WHERE engine = ? AND source = 'initial' ORDER BY id DESC LIMIT 1",
+            "SELECT * FROM versions WHERE engine = ? AND source = 'initial' ORDER BY id DESC LIMIT 1",
             (engine,),
         ).fetchone()
-        return None if row is None else dict(json.loads(row["settings"]))
+        return None if row is None else _version(row)
+
+    def pending_base(self, engine: str) -> Version | None:
+        """A base a person wrote in the config that the engine does not run yet (mode observe
+        or advise recorded it without restarting a healthy engine): newer than the running
+        version and never failed. None when there is none."""
+        record = self.engine(engine)
+        base = self.base(engine)
+        if record is None or base is None or record.running is None:
+            return None
+        return base if base.id > record.running and base.failed_at is None else None
+
+    def base_settings(self, engine: str) -> dict[str, Any] | None:
+        base = self.base(engine)
+        return None if base is None else base.settings
+
+    def set_command(self, version_id: int, command: list[str]) -> None:
+        """Record the config's command beside a version written before tunerd kept it."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE versions SET command = ? WHERE id = ?", (json.dumps(list(command)), version_id)
+            )
 
     def engine(self, engine: str) -> EngineRecord | None:
         row = self._db.execute("SELECT * FROM engines WHERE engine = ?", (engine,)).fetchone()
@@ -265,6 +314,7 @@ class State:
             row["pid"],
             row["pid_start"],
             json.loads(row["argv"]) if row["argv"] else None,
+            _json_column(row, "spawned_argv"),
         )
 
     def set_running(
@@ -275,14 +325,16 @@ class State:
         pid: int | None = None,
         pid_start: float | None = None,
         argv: list[str] | None = None,
+        spawned_argv: list[str] | None = None,
     ) -> int:
-        """A new start of the engine with ``version_id``; returns its generation."""
+        """A new start of the engine with ``version_id``; returns its generation. ``argv`` is
+        what /proc shows, ``spawned_argv`` what tunerd passed to exec (None: not tunerd's)."""
         with self.transaction() as db:
             db.execute("INSERT OR IGNORE INTO engines (engine) VALUES (?)", (engine,))
             db.execute(
                 "UPDATE engines SET running = ?, generation = generation + 1, pid = ?, pid_start = ?, "
-                "argv = ? WHERE engine = ?",
-                (version_id, pid, pid_start, json.dumps(argv) if argv is not None else None, engine),
+                "argv = ?, spawned_argv = ? WHERE engine = ?",
+                (version_id, pid, pid_start, _dump_list(argv), _dump_list(spawned_argv), engine),
             )
             row = db.execute("SELECT generation FROM engines WHERE engine = ?", (engine,)).fetchone()
             return int(row["generation"])
@@ -527,6 +579,29 @@ class State:
             )
             for r in rows
         ]
+
+
+def _version(row: sqlite3.Row) -> Version:
+    return Version(
+        row["id"],
+        row["engine"],
+        json.loads(row["settings"]),
+        row["created"],
+        row["source"],
+        row["startup_seconds"],
+        row["failed_at"],
+        _json_column(row, "command"),
+    )
+
+
+def _json_column(row: sqlite3.Row, column: str) -> Any:
+    """A JSON column that a database written by an older tunerd, opened read-only, may lack."""
+    # sqlite3.Row's `in` looks at the values, not the column names: keys() it must be
+    return json.loads(row[column]) if column in row.keys() and row[column] else None  # noqa: SIM118
+
+
+def _dump_list(argv: list[str] | None) -> str | None:
+    return None if argv is None else json.dumps(list(argv))
 
 
 def _dump(settings: Mapping[str, Any] | None) -> str | None:

@@ -12,7 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TunerdRun", "run_tunerd"]
+__all__ = ["TUNERD", "VENV_BIN", "TunerdRun", "run_tunerd"]
+
+#: the virtual environment's scripts: where pip put the ``tunerd`` console script (and where the
+#: acceptance tests find other console scripts, such as the simulator's)
+VENV_BIN = Path(sys.executable).parent
+#: ``tunerd`` as a user runs it: the console script pip installed (``python -m tunerd`` only
+#: when the suite runs from an interpreter without one)
+TUNERD = [str(VENV_BIN / "tunerd")] if (VENV_BIN / "tunerd").exists() else [sys.executable, "-m", "tunerd"]
 
 
 def _kept(name: str) -> Path | None:
@@ -26,7 +33,7 @@ def run_tunerd(
 ) -> subprocess.CompletedProcess[str]:
     """``tunerd ARGS…`` with this interpreter; its output captured, its exit status not checked."""
     done = subprocess.run(
-        [sys.executable, "-m", "tunerd", *args],
+        [*TUNERD, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -44,7 +51,7 @@ class TunerdRun:
     def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
         self.lines: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
+            [*TUNERD, "run", "--config", str(config)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -26,9 +26,11 @@ from tunerd.engine.process import (
     EngineProcess,
     Identity,
     engine_environment,
+    find_spawned,
     process_tree,
     read_identity,
     rotate,
+    runs_as,
 )
 
 pytestmark = pytest.mark.slow
@@ -313,3 +315,73 @@ def test_rotate_keeps_the_newest(tmp_path: Path) -> None:
     assert (tmp_path / "a.log.1").read_text() == "3"
     assert (tmp_path / "a.log.2").read_text() == "2"
     assert not (tmp_path / "a.log.3").exists()
+
+
+# -- one engine, many spellings: what exec makes of a command, and finding it again --------------
+
+SLEEPER = "import time; time.sleep(60)"
+
+
+def _launchers(tmp_path: Path) -> dict[str, list[str]]:
+    """The ways people write an engine's command, each ending in the same arguments: pip's
+    console script (a shebang to the venv's python), a script whose shebang goes through
+    ``env``, an interpreter reached through a symlink, a wrapper script that execs the real
+    program, and ``python -m``. All run ``SLEEPER``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "fake_engine.py"
+    program.write_text(f"import sys\n{SLEEPER}\n")
+    console = bin_dir / "fake-vllm"
+    console.write_text(f"#!{sys.executable}\nimport sys\n{SLEEPER}\n")
+    via_env = bin_dir / "fake-vllm-env"
+    via_env.write_text(f"#!/usr/bin/env python3\nimport sys\n{SLEEPER}\n")
+    wrapper = bin_dir / "vllm-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nexec "{console}" "$@"\n')
+    linked = bin_dir / "python-link"
+    linked.symlink_to(sys.executable)
+    for script in (console, via_env, wrapper):
+        script.chmod(0o755)
+    return {
+        "console script on PATH": ["fake-vllm"],
+        "shebang through env": [str(via_env)],
+        "wrapper script": [str(wrapper)],
+        "symlinked interpreter": [str(linked), str(program)],
+        "python -m": [sys.executable, "-m", "fake_engine"],
+    }
+
+
+def test_every_spelling_of_a_command_is_found_again_after_exec(tmp_path: Path) -> None:
+    """What /proc shows is not what tunerd passed to exec (a console script shows its
+    interpreter and path in front); `runs_as` tells them apart from other commands, and
+    `find_spawned` finds the engine a killed tunerd had started but not yet recorded."""
+    path = f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    flags = ["serve", "/srv/models/tiny", "--max-num-seqs", "8", "--shutdown-timeout", "30"]
+    for how, command in _launchers(tmp_path).items():
+        spawned = [*command, *flags]
+        env = {"PATH": path, "PYTHONPATH": str(tmp_path / "bin")}
+        engine = EngineProcess.spawn(spawned, tmp_path / f"{how}.log", env=env)
+        try:
+            deadline = time.monotonic() + 10
+            while engine.identity.argv == () and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen = engine.identity.argv
+            assert runs_as(spawned, seen), (how, seen)
+            assert not runs_as([*command, *flags[:-1], "60"], seen), how  # another drain: another engine
+            found = find_spawned(spawned)
+            assert found is not None, how
+            assert (found.pid, found.start_ticks) == (engine.pid, engine.identity.start_ticks), how
+        finally:
+            engine.kill_group()
+            engine.wait_exit(10)
+    console_seen = None
+    engine = EngineProcess.spawn(["fake-vllm", *flags], tmp_path / "console.log", env={"PATH": path})
+    try:
+        time.sleep(0.2)
+        console_seen = read_identity(engine.pid)
+    finally:
+        engine.kill_group()
+    assert console_seen is not None
+    assert console_seen.argv[:2] == (
+        sys.executable,
+        str(tmp_path / "bin" / "fake-vllm"),
+    )  # not the config's text

@@ -187,3 +187,65 @@ def test_a_rollback_wakes_the_running_daemon_instead_of_waiting_for_its_tick(tmp
             time.sleep(0.1)
         assert supervisor.running_settings() == BEFORE
         assert time.monotonic() - asked_at < 15  # the next tick was 30 s away
+
+
+def test_a_command_changed_in_the_config_is_a_persons_change(tmp_path: Path) -> None:
+    """The config's command is compared with the command tunerd recorded with the config — not
+    with /proc's text — so an edit of the command (here a seed for the simulator) is found and
+    nothing else is."""
+    port = free_port()
+    first = sim_daemon(tmp_path, port)
+    first.start()
+    old_pid = first.state.engine("main").pid
+    assert first.state.base("main").command == first.config.engines[0].command
+    close_daemon(first, kill=False)
+
+    second = sim_daemon(tmp_path, port, command=[*first.config.engines[0].command, "--seed", "7"])
+    try:
+        second.start()
+        supervisor = second.engines[0].supervisor
+        assert supervisor.process is not None
+        assert supervisor.process.pid != old_pid
+        assert "--seed 7" in " ".join(supervisor.process.identity.argv)
+        record = second.state.engine("main")
+        assert record.paused.startswith("the config was changed by a person (command)")
+        adopt = next(h for h in second.state.history() if h["kind"] == "adopt")
+        assert (adopt["outcome"], adopt["mode"]) == ("succeeded", "act")
+    finally:
+        close_daemon(second, kill=True)
+
+
+def test_in_advise_mode_a_persons_config_waits_for_the_engines_next_start(tmp_path: Path) -> None:
+    """Modes mean what they say: in advise, settings a person wrote in the config do not
+    restart a healthy engine. The change is proposed (history, alert) and tuning pauses; the
+    next time tunerd has to start the engine, it starts it with them."""
+    port = free_port()
+    first = sim_daemon(tmp_path, port, top={"mode": "advise"})
+    first.start()
+    pid = first.state.engine("main").pid
+    assert first.state.history()[0]["mode"] == "advise"  # the first start, in the mode in force
+    close_daemon(first, kill=False)
+
+    mine = {**BEFORE, "max_num_seqs": 4}
+    second = sim_daemon(tmp_path, port, settings=mine, top={"mode": "advise"})
+    try:
+        second.start()
+        assert second.engines[0].supervisor.process.pid == pid  # not restarted
+        assert second.engines[0].supervisor.running_settings() == BEFORE
+        notify, adopt = second.state.history(limit=2)
+        assert (adopt["kind"], adopt["mode"], adopt["outcome"]) == ("adopt", "advise", "proposed")
+        assert "takes effect" in adopt["reason"] or "take effect" in adopt["reason"]
+        assert notify["kind"] == "notify"
+        assert second.state.engine("main").paused is not None
+    finally:
+        close_daemon(second, kill=True)  # the engine goes down with tunerd this time
+
+    third = sim_daemon(tmp_path, port, settings=mine, top={"mode": "advise"})
+    try:
+        third.start()  # nothing runs: tunerd starts the engine, with the person's settings
+        supervisor = third.engines[0].supervisor
+        assert supervisor.running_settings() == mine
+        assert "--max-num-seqs 4" in " ".join(supervisor.process.identity.argv)
+        assert [h["kind"] for h in third.state.history(limit=3)].count("adopt") == 1  # proposed once
+    finally:
+        close_daemon(third, kill=True)

@@ -227,3 +227,37 @@ def test_a_reader_that_comes_before_the_tables_is_told_there_is_no_state_yet(tmp
     (tmp_path / "tunerd.db").write_bytes(b"")  # what sqlite3.connect leaves before the schema
     with pytest.raises(StateError, match="no state yet"):
         State.open(tmp_path, readonly=True)
+
+
+OLD_SCHEMA = """
+CREATE TABLE versions (id INTEGER PRIMARY KEY, engine TEXT NOT NULL, settings TEXT NOT NULL,
+    created REAL NOT NULL, source TEXT NOT NULL, startup_seconds REAL, failed_at REAL);
+CREATE TABLE engines (engine TEXT PRIMARY KEY, running INTEGER, last_known_good INTEGER,
+    generation INTEGER NOT NULL DEFAULT 0, held INTEGER NOT NULL DEFAULT 0,
+    pinned INTEGER NOT NULL DEFAULT 0, paused TEXT, pid INTEGER, pid_start REAL, argv TEXT);
+INSERT INTO versions VALUES (1, 'main', '{"max_num_seqs": 8}', 0, 'initial', 12.5, NULL);
+INSERT INTO engines VALUES ('main', 1, 1, 1, 0, 0, NULL, 4242, 99, '["python3", "vllm"]');
+"""
+
+
+def test_a_database_from_before_commands_were_kept_is_read_and_upgraded(tmp_path: Path) -> None:
+    """An older tunerd's state: a reader opens it as it is; the daemon adds the new columns and
+    keeps every row."""
+    (tmp_path / "state").mkdir()
+    old = sqlite3.connect(tmp_path / "state" / "tunerd.db")
+    old.executescript(OLD_SCHEMA)
+    old.close()
+    reader = State.open(tmp_path / "state", readonly=True)
+    assert reader.base("main").command is None
+    assert reader.engine("main").spawned_argv is None
+    reader.close()
+    state = State.open(tmp_path / "state")
+    assert state.base("main").settings == {"max_num_seqs": 8}
+    assert state.engine("main").argv == ["python3", "vllm"]
+    state.set_command(1, ["vllm", "serve", "m"])
+    assert state.base("main").command == ["vllm", "serve", "m"]
+    state.set_running(
+        "main", 1, pid=1, pid_start=2, argv=["python3", "/venv/bin/vllm"], spawned_argv=["vllm"]
+    )
+    assert state.engine("main").spawned_argv == ["vllm"]
+    state.close()

@@ -27,6 +27,7 @@ __all__ = [
     "settings_from_argv",
     "settings_from_cache_config",
     "settings_to_args",
+    "without_tunables",
 ]
 
 #: knob → vLLM 0.33 flag.
@@ -145,6 +146,27 @@ def settings_from_argv(argv: Sequence[str]) -> dict[str, Any]:
         except ValueError:
             continue
     return settings
+
+
+def without_tunables(argv: Sequence[str]) -> tuple[str, ...]:
+    """``argv`` without the flags tunerd owns (the tunables and ``--shutdown-timeout``, with
+    their values): what is left names the program and the model — two engines whose argv
+    differ only here run the same command."""
+    kept: list[str] = []
+    position = 0
+    while position < len(argv):
+        arg = argv[position]
+        name = _flag_name(arg)
+        position += 1
+        knob = _FLAG_TO_KNOB.get(name)
+        if name in _NEGATED or (knob is not None and knob in BOOLEAN_TUNABLES):
+            continue
+        if knob is not None or name == "--shutdown-timeout":
+            if "=" not in arg:
+                position += 1  # its value
+            continue
+        kept.append(arg)
+    return tuple(kept)
 
 
 def settings_from_cache_config(labels: Mapping[str, str]) -> dict[str, Any]:

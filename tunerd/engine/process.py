@@ -4,8 +4,10 @@ The engine runs as tunerd's child in its own session and process group (``setsid
 argv list (no shell), with tunerd's environment minus its secrets plus the engine's ``env``.
 Its stdout and stderr go to a log file in ``state_dir`` opened for appending, so nothing ties
 the engine to tunerd: when tunerd dies the engine keeps serving, and the next tunerd adopts it
-by :class:`Identity` — PID, the kernel's start time for that PID (so a recycled PID is never
-mistaken for the engine) and argv.
+by :class:`Identity` — PID and the kernel's start time for that PID (so a recycled PID is never
+mistaken for the engine). The argv ``/proc`` shows is kept for people and evidence, never
+compared as text with the argv tunerd spawned: a console script shows its interpreter and its
+path in front (:func:`runs_as` says when the two are one engine).
 
 Stopping follows DESIGN §4.9: SIGTERM to the engine's main process only — vLLM's API server
 then drains in-flight requests for ``--shutdown-timeout`` seconds and stops its own engine
@@ -43,13 +45,14 @@ __all__ = [
     "StopResult",
     "copytruncate",
     "engine_environment",
-    "find_by_argv",
     "find_listener",
+    "find_spawned",
     "group_members",
     "process_tree",
     "read_identity",
     "rotate",
     "run_hook",
+    "runs_as",
 ]
 
 #: Environment variables tunerd keeps to itself (webhook secrets and tokens live under these).
@@ -106,16 +109,36 @@ def _identity_after_exec(pid: int, clock: Clock, timeout: float = 1.0) -> Identi
         clock.sleep(0.001)
 
 
-def find_by_argv(argv: Sequence[str]) -> Identity | None:
-    """A live process whose argv is exactly ``argv`` and which leads its own group: an engine
-    started just before tunerd died, before its identity was written down."""
-    wanted = tuple(argv)
+def runs_as(spawned: Sequence[str], seen: Sequence[str]) -> bool:
+    """Whether a process whose ``/proc/PID/cmdline`` reads ``seen`` is what exec of ``spawned``
+    became. exec rewrites the front of argv on the way: a script's shebang puts its interpreter
+    (and the interpreter's one argument) first and the script's path, found on ``PATH``, where
+    ``argv[0]`` was — pip's console scripts show ``…/bin/python …/bin/vllm serve …`` for
+    ``vllm serve …``; ``env`` and wrapper scripts exec what they wrap with the same arguments;
+    an interpreter reached through a symlink keeps the name it was called by. None of them
+    changes the arguments, so ``seen`` ends in ``spawned[1:]`` — and those hold tunerd's own
+    flags (the tunables, ``--shutdown-timeout``), which makes the match specific."""
+    spawned, seen = tuple(spawned), tuple(seen)
+    if seen == spawned:
+        return True
+    tail = spawned[1:]
+    return bool(tail) and len(seen) > len(tail) and seen[-len(tail) :] == tail
+
+
+def find_spawned(argv: Sequence[str]) -> Identity | None:
+    """A live process that exec of ``argv`` became (:func:`runs_as`) and that leads its own
+    session, as tunerd starts engines: one started just before tunerd died, before its
+    identity was written down."""
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            identity = read_identity(int(entry.name))
-            fields = _stat_fields(int(entry.name))
-            if identity and fields and identity.argv == wanted and int(fields[2]) == identity.pid:
-                return identity
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        fields = _stat_fields(pid)
+        if fields is None or int(fields[3]) != pid:  # field 6: the session; tunerd's engines lead one
+            continue
+        identity = read_identity(pid)
+        if identity is not None and runs_as(argv, identity.argv):
+            return identity
     return None
 
 
@@ -470,7 +493,7 @@ class ProcessRunner:
         return EngineProcess.adopt(identity, self.log_path, self.clock)
 
     def find_new(self, argv: Sequence[str]) -> EngineProcess | None:
-        identity = find_by_argv(argv)
+        identity = find_spawned(argv)
         return None if identity is None else EngineProcess(identity, self.log_path, None, self.clock)
 
     def listener(self, port: int) -> EngineProcess | None:

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
-from tunerd.engine.args import engine_argv, settings_from_argv
+from tunerd.engine.args import engine_argv, settings_from_argv, without_tunables
 from tunerd.engine.guards import (
     EngineFacts,
     GuardConfig,
@@ -182,6 +182,9 @@ class Supervisor:
         self.next_restart_at: float | None = None  # a held engine's backoff, on the clock's now()
         self._held_attempts = 0
         self.adopted_by_hand: str | None = None  # why, when reconcile found a person's engine
+        #: the mode in force (the daemon keeps it current): what history records for the
+        #: supervision tunerd does in every mode — first starts, crash restarts
+        self.mode = "act"
 
     # -- queries ---------------------------------------------------------------------------
     def running_settings(self) -> dict[str, Any] | None:
@@ -203,11 +206,13 @@ class Supervisor:
     def start_initial(self, settings: Mapping[str, Any]) -> RestartResult:
         """Start the engine with the configured settings and make them last-known-good."""
         now = self.clock.now()
-        version = self.state.add_version(self.spec.name, settings, "initial", now)
+        version = self.state.add_version(
+            self.spec.name, settings, "initial", now, command=list(self.spec.command)
+        )
         action = self.state.record_action(
             engine=self.spec.name,
             kind="restart",
-            mode="act",
+            mode=self.mode,
             outcome="applied",
             reason="first start under tunerd",
             now=now,
@@ -236,13 +241,15 @@ class Supervisor:
         after_crash: bool = False,
         asked: int | None = None,
         source: str = "rollback",
+        version: int | None = None,
     ) -> RestartResult:
         """Restart with ``settings`` through every step of the saga, if the guards allow.
         ``after_crash``: the engine is already down, so the settle period does not apply (the
         crash is the observation the settle period waits for). ``asked``: the history record of
         a person's ``tunerd rollback`` (or of settings a person wrote in the config, with
         ``source="initial"``); a person is not held to pins, pauses, holds, settle periods or
-        budgets — only a restart already in flight waits."""
+        budgets — only a restart already in flight waits. ``version``: restart with that
+        recorded version (a person's config, recorded as the new base) instead of a new one."""
         record = self.state.engine(self.spec.name)
         if record is None or record.running is None:
             raise ProcessError(f"engine {self.spec.name} was never started under tunerd")
@@ -252,7 +259,8 @@ class Supervisor:
         if asked is not None:
             if facts.in_flight:
                 return RestartResult("skipped", asked, old.id, "a restart is already in flight")
-            version = self.state.add_version(self.spec.name, settings, source, now)
+            if version is None:
+                version = self.state.add_version(self.spec.name, settings, source, now)
             self.state.update_action(asked, "applied", now)
             self.state.begin_intent(
                 self.spec.name, asked, "intent", now, from_version=old.id, to_version=version
@@ -264,7 +272,7 @@ class Supervisor:
             action = self.state.record_action(
                 engine=self.spec.name,
                 kind="tune",
-                mode="act",
+                mode=self.mode,
                 outcome="skipped",
                 reason=f"{reason}; not applied: {refusal.reason}",
                 now=now,
@@ -281,7 +289,7 @@ class Supervisor:
         action = self.state.record_action(
             engine=self.spec.name,
             kind="tune",
-            mode="act",
+            mode=self.mode,
             outcome="applied",
             reason=reason,
             now=now,
@@ -402,7 +410,7 @@ class Supervisor:
         except ProcessError as error:
             raise _StartFailed(str(error)) from None
         self.on_step("spawned")
-        self._record(process, version)
+        self._record(process, version, spawned=argv)
         return started
 
     def _wait_for_room(self, settings: Mapping[str, Any]) -> None:
@@ -414,7 +422,9 @@ class Supervisor:
                 raise _StartFailed(f"GPU memory still short after {self.spec.gpu_wait_seconds:g} s: {short}")
             self.clock.sleep(1.0)
 
-    def _record(self, process: Engine, version: int) -> None:
+    def _record(self, process: Engine, version: int, spawned: Sequence[str] | None = None) -> None:
+        """``process`` runs ``version`` now; ``spawned``: the argv tunerd gave exec (None for
+        an engine tunerd found rather than started)."""
         if self.process is not None and self.process is not process:
             self.process.close()
         self.process = process
@@ -426,6 +436,7 @@ class Supervisor:
             pid=identity.pid,
             pid_start=identity.start_ticks,
             argv=list(identity.argv),
+            spawned_argv=None if spawned is None else list(spawned),
         )
 
     def _timeout(self, version: int) -> float:
@@ -574,7 +585,7 @@ class Supervisor:
         action = self.state.record_action(
             engine=self.spec.name,
             kind="restart",
-            mode="act",
+            mode=self.mode,
             outcome="applied",
             reason=crashed_because,
             now=now,
@@ -595,7 +606,7 @@ class Supervisor:
                 self.state.record_action(
                     engine=self.spec.name,
                     kind="hold",
-                    mode="act",
+                    mode=self.mode,
                     outcome="succeeded",
                     reason=f"{why} after {crash['kind']}: tuning stopped, a person is paged",
                     now=now,
@@ -626,7 +637,7 @@ class Supervisor:
         action = self.state.record_action(
             engine=self.spec.name,
             kind="restart",
-            mode="act",
+            mode=self.mode,
             outcome="applied",
             reason=f"held: restarting last-known-good (attempt {self._held_attempts})",
             now=now,
@@ -659,11 +670,18 @@ class Supervisor:
         by_hand = self._adopt_by_hand()
         if by_hand is not None:
             return by_hand
+        pending = self.state.pending_base(self.spec.name)  # a person's config not yet applied
+        version = record.running if pending is None else pending.id
         try:
-            self._launch(record.running)
-            self._verify(record.running)
+            self._launch(version)
+            self._verify(version)
         except _StartFailed as failure:
+            if pending is not None:
+                self.state.mark_failed(pending.id, self.clock.now())
             return f"engine was down; restarting it failed: {failure}"
+        if pending is not None:
+            self.state.promote(self.spec.name, version)
+            return "engine was down; started with the settings a person wrote in the config"
         return "engine was down; restarted with its recorded settings"
 
     def _adopt_by_hand(self) -> str | None:
@@ -678,12 +696,14 @@ class Supervisor:
         if process is None:
             return None
         identity = process.identity
-        if identity.argv == tuple(record.argv or ()):  # ours, under a new PID: nothing changed
-            self._record(process, record.running)
-            return f"adopted pid {identity.pid} (the recorded settings)"
         now = self.clock.now()
         before = self.state.version(record.running).settings
         theirs = settings_from_argv(identity.argv)
+        same_command = record.argv is None or without_tunables(identity.argv) == without_tunables(record.argv)
+        if same_command and theirs == {knob: value for knob, value in before.items() if value is not None}:
+            # the recorded settings and command (both as /proc shows them): ours, under a new PID
+            self._record(process, record.running)
+            return f"adopted pid {identity.pid} (the recorded settings)"
         changed = ", ".join(changes(before, theirs))
         why = (
             f"the engine was started outside tunerd (pid {identity.pid}; "
@@ -693,7 +713,7 @@ class Supervisor:
         self.state.record_action(
             engine=self.spec.name,
             kind="adopt",
-            mode="act",
+            mode=self.mode,
             outcome="succeeded",
             reason=why,
             now=now,
@@ -726,7 +746,7 @@ class Supervisor:
                 if record and record.running == new and record.pid == found.pid:
                     self.process = found  # spawned and recorded: only the step was not advanced
                 else:
-                    self._record(found, new)
+                    self._record(found, new, spawned=self.spec.argv(self.state.version(new).settings))
                 step = "verifying"
             else:
                 old_engine = self._adopt_recorded()  # the stop had finished: nothing should be left

@@ -11,6 +11,7 @@ from tunerd.engine.args import (
     settings_from_argv,
     settings_from_cache_config,
     settings_to_args,
+    without_tunables,
 )
 
 SEED = {
@@ -114,3 +115,16 @@ def test_settings_from_cache_config_labels() -> None:
         "kv_cache_dtype": "fp8",
         "enable_prefix_caching": True,
     }
+
+
+def test_without_tunables_leaves_the_program_and_the_model() -> None:
+    """What tells two engines' commands apart once the flags tunerd owns are set aside."""
+    seen = [
+        "/venv/bin/python", "/venv/bin/vllm", "serve", "/srv/models/llama", "--max-num-seqs", "8",
+        "--gpu-memory-utilization=0.92", "--enable-chunked-prefill", "--no-enable-prefix-caching",
+        "--shutdown-timeout", "30", "--port", "8000",
+    ]  # fmt: skip
+    assert without_tunables(seen) == (
+        "/venv/bin/python", "/venv/bin/vllm", "serve", "/srv/models/llama", "--port", "8000",
+    )  # fmt: skip
+    assert without_tunables(engine_argv(["vllm", "serve", "m"], SEED, 30)) == ("vllm", "serve", "m")

@@ -1,0 +1,153 @@
+"""Acceptance, the user's way: docs/config.md's engine ``command`` is a console script
+(``[vllm, serve, …]``); here the simulator's own console script from the virtual environment,
+``tunerd sim serve …``, found on ``PATH`` — and tunerd itself started as its console script,
+as systemd does. /proc then shows ``…/bin/python …/bin/tunerd sim serve …``, not the argv
+in the config.
+
+With no policy firing, in each mode, over ten simulated minutes: the engine tunerd started
+first is the engine that still serves (same PID), nothing was restarted, nothing alerted, and
+history holds the first start alone. tunerd stopped with SIGTERM and started again re-adopts
+that very engine, silently."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.cli import VENV_BIN, TunerdRun
+from tests.integration.sim_daemon import free_port
+from tunerd.state import State, StateError
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).parents[2]
+SEED = {
+    "gpu_memory_utilization": 0.92,
+    "max_model_len": 32768,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 2048,
+    "kv_cache_dtype": "fp8",
+}
+SIMULATED_MINUTES = 10
+#: a console script, as docs/config.md writes `[vllm, serve, MODEL]`
+COMMAND = [
+    "tunerd", "sim", "serve", "--host", "127.0.0.1", "--time-scale", "50", "--sim-startup-seconds", "10",
+    "--sim-model", "llama-3.1-8b", "--sim-weights", "awq", "--sim-gpu", "rtx4090",
+]  # fmt: skip
+
+
+def _config(tmp_path: Path, port: int, mode: str) -> Path:
+    url = f"http://127.0.0.1:{port}"
+    config = {
+        "engines": [
+            {
+                "name": "llama31-8b",
+                "control": "supervise",
+                # a console script, as docs/config.md writes `[vllm, serve, MODEL]`
+                "command": [*COMMAND, "--port", str(port)],
+                "url": url,
+                "settings": SEED,
+                "bounds": {
+                    "gpu_memory_utilization": [0.80, 0.95],
+                    "max_num_seqs": [4, 16],
+                    "max_num_batched_tokens": [512, 8192],
+                },
+                "drain": "30s",
+                "startup_timeout": "60s",
+            }
+        ],
+        "gpu": {"source": "sim", "url": url, "interval": "250ms"},
+        "metrics": {"interval": "1s"},
+        "clock": {"source": "sim", "url": url},
+        "mode": mode,
+        "policies": [str(ROOT / "policies" / "default.yaml")],  # the shipped policies
+        "state_dir": str(tmp_path / "state"),
+        "listen": {"metrics": "127.0.0.1:0", "status": str(tmp_path / "tunerd.sock")},
+    }
+    path = tmp_path / "tunerd.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _wait(what: str, condition: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, OSError, StateError):
+            if condition():  # type: ignore[operator]
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _history(state_dir: Path) -> list[dict[str, object]]:
+    state = State.open(state_dir, readonly=True)
+    try:
+        return state.history(limit=100)
+    finally:
+        state.close()
+
+
+def _engine_pid(state_dir: Path) -> int | None:
+    state = State.open(state_dir, readonly=True)
+    try:
+        record = state.engine("llama31-8b")
+        return record.pid if record else None
+    finally:
+        state.close()
+
+
+def _simulated_seconds(url: str) -> float:
+    return float(httpx.get(url + "/sim/clock", timeout=2).json()["time"])
+
+
+@pytest.mark.parametrize("mode", ["observe", "advise", "act"])
+def test_a_console_script_engine_is_left_alone_when_no_policy_fires(tmp_path: Path, mode: str) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    state_dir = tmp_path / "state"
+    config = _config(tmp_path, port, mode)
+    env = {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    pid = None
+    first = TunerdRun(config, env=env)
+    try:
+        _wait("the first start", lambda: _history(state_dir)[-1]["outcome"] == "succeeded", 60)
+        pid = _engine_pid(state_dir)
+        assert pid is not None
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert argv[1].endswith(b"/bin/tunerd"), argv  # python runs the script: /proc is not the config
+        _wait(
+            f"{SIMULATED_MINUTES} simulated minutes",
+            lambda: _simulated_seconds(url) >= SIMULATED_MINUTES * 60,
+            60,
+        )
+        assert _engine_pid(state_dir) == pid
+        assert Path(f"/proc/{pid}").exists()
+        history = _history(state_dir)
+        assert [(h["kind"], h["mode"], h["outcome"]) for h in history] == [("restart", mode, "succeeded")], (
+            history
+        )
+        assert first.events("alert") == []
+        assert first.stop() == 0
+
+        second = TunerdRun(config, env=env)  # tunerd restarted: the engine served on
+        try:
+            reconciled = second.event("engine_reconciled")
+            assert reconciled["outcome"] == f"adopted pid {pid}"
+            since = _simulated_seconds(url)
+            _wait("four more simulated minutes", lambda: _simulated_seconds(url) >= since + 240, 30)
+            assert _engine_pid(state_dir) == pid
+            assert len(_history(state_dir)) == 1
+            assert second.events("alert") == []
+        finally:
+            assert second.stop() == 0
+    finally:
+        first.stop()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
