@@ -19,11 +19,18 @@ row, stops so that systemd restarts it clean).
 
 APScheduler decides *when* a job runs, on the wall clock; what a job sees as *now* comes from
 the daemon's injected :class:`~tunerd.clock.Clock` (a test's, or the simulator's).
+
+Stopping: APScheduler's ``shutdown(wait=True)`` holds its job-store lock while it waits for the
+jobs in progress, so a job that asks the scheduler for anything then (the tick bringing its
+next run forward) waits for that lock forever, and so does tunerd's exit. :meth:`Jobs.shutdown`
+therefore stops the scheduler without waiting, then waits — with a deadline — for the jobs in
+progress itself; from the moment it begins, what jobs ask of the scheduler is a no-op.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -57,6 +64,9 @@ class Jobs:
         self.on_error = on_error
         self.skipped: Counter[str] = Counter()  # runs not started: the previous still running
         self.errors: Counter[str] = Counter()  # runs that raised
+        self._closing = False
+        self._running = 0  # jobs in progress
+        self._idle = threading.Condition()
         self.scheduler = BackgroundScheduler(
             executors={GPU: ThreadPoolExecutor(1), LOOP: ThreadPoolExecutor(1), LOGS: ThreadPoolExecutor(1)},
             job_defaults={"max_instances": 1, "coalesce": True},
@@ -73,9 +83,22 @@ class Jobs:
         self, job_id: str, seconds: float, func: Callable[[], object], executor: str, now: bool = True
     ) -> None:
         """Run ``func`` every ``seconds`` on ``executor`` (first at once when ``now``)."""
+        if self._closing:
+            return
         first = {"next_run_time": datetime.now(UTC)} if now else {}  # None would add it paused
+
+        def counted() -> None:
+            with self._idle:
+                self._running += 1
+            try:
+                func()
+            finally:
+                with self._idle:
+                    self._running -= 1
+                    self._idle.notify_all()
+
         self.scheduler.add_job(
-            func,
+            counted,
             "interval",
             seconds=seconds,
             start_date=self._anchor,
@@ -87,7 +110,7 @@ class Jobs:
         )
 
     def has(self, job_id: str) -> bool:
-        return self.scheduler.get_job(job_id) is not None
+        return not self._closing and self.scheduler.get_job(job_id) is not None
 
     def run_soon(self, job_id: str) -> None:
         """Bring ``job_id``'s next run forward to now (it still waits for a run in progress)."""
@@ -103,10 +126,15 @@ class Jobs:
         if job is not None and (job.next_run_time is None or when < job.next_run_time):
             self.scheduler.modify_job(job_id, next_run_time=when)
 
-    def shutdown(self) -> None:
-        """Stop scheduling and wait for the jobs in progress to finish."""
+    def shutdown(self, timeout: float = 8.0) -> bool:
+        """Stop scheduling and wait, at most ``timeout`` seconds, for the jobs in progress to
+        finish (each does one short step: a restart in flight stays in the state). False when
+        one was still running at the deadline."""
+        self._closing = True
         if self.scheduler.running:
-            self.scheduler.shutdown(wait=True)
+            self.scheduler.shutdown(wait=False)
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
 
     def _on_event(self, event: JobEvent) -> None:
         if event.code == EVENT_JOB_MAX_INSTANCES:

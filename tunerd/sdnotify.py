@@ -48,13 +48,16 @@ class Notifier:
 
     def send(self, **fields: str | int) -> bool:
         """One datagram; False if not under systemd or the socket refused it (never raises:
-        telling systemd must not take tunerd down)."""
+        telling systemd must not take tunerd down). Never waits: a receiver whose queue is
+        full (a stuck manager, a test that does not read) loses the message instead of
+        freezing the loop that sent it."""
         if self.address is None:
             return False
         message = "\n".join(f"{key}={value}" for key, value in fields.items()).encode()
         try:
             if self._socket is None:
-                self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                kind = socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+                self._socket = socket.socket(socket.AF_UNIX, kind)
             self._socket.sendto(message, self.address)
         except OSError:
             return False

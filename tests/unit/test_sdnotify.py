@@ -156,3 +156,28 @@ def test_a_source_that_raises_does_not_end_sampling() -> None:
         assert sampler.last_error == "KeyError: 'memory_used_bytes'"
     finally:
         jobs.shutdown()
+
+
+def test_a_receiver_that_never_reads_costs_messages_not_a_frozen_loop(tmp_path: Path) -> None:
+    """A notify socket nobody reads fills up; sends then fail at once (found when a test's
+    socket was never read and SIGTERM waited on a blocked STOPPING=1)."""
+    path = tmp_path / "notify"
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    deaf.bind(str(path))
+    notifier = Notifier({"NOTIFY_SOCKET": str(path)})
+    sent = []
+    done = threading.Event()
+
+    def flood() -> None:
+        sent.extend(notifier.status(f"tick {n}") for n in range(5000))
+        done.set()
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        assert done.wait(10), "a send blocked on the full socket"
+        assert sent[0] is True
+        assert sent[-1] is False  # the queue is full: dropped, not waited for
+        assert notifier.stopping() is False
+    finally:
+        deaf.close()
+        notifier.close()
