@@ -1,25 +1,35 @@
 """The ``tunerd`` command line: parse, call the library, print. Exit 0 ok, 1 "no", 2 bad input.
 
 Every error is one line on stderr naming the problem (``tunerd plan: error: ...``); machine
-output is ``--json`` on stdout. Each subcommand lives in ``tunerd/commands/``.
+output is ``--json`` on stdout. Each subcommand lives in ``tunerd/commands/``; only the one
+asked for is imported (:data:`tunerd.commands.COMMANDS` lists the rest for ``--help``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
 from tunerd import __version__
-from tunerd.commands import config, demo, history, inspect, notify, pin, plan, policy, run, sim, status
+from tunerd.commands import COMMANDS
 from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_OK, Parser, UsageError
-from tunerd.planner.shapes import ShapeError
-from tunerd.units import UnitError
+from tunerd.errors import InputError
 
 __all__ = ["main"]
 
 
-def build_parser() -> Parser:
+def _asked(argv: Sequence[str]) -> str | None:
+    """The command named on the line (the first word that is not an option), if it is one."""
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> Parser:
+    """The whole parser; with ``argv``, only the command it names is loaded (the others are
+    listed, by name and help)."""
+    asked = None if argv is None else _asked(argv)
     parser = Parser(
         prog="tunerd",
         description="Keep a vLLM inference box inside its GPU memory.",
@@ -29,22 +39,19 @@ def build_parser() -> Parser:
     subparsers = parser.add_subparsers(
         title="commands", dest="command", metavar="COMMAND", parser_class=Parser
     )
-    plan.register(subparsers)
-    inspect.register(subparsers)
-    policy.register(subparsers)
-    sim.register(subparsers)
-    history.register(subparsers)
-    run.register(subparsers)
-    status.register(subparsers)
-    config.register(subparsers)
-    notify.register(subparsers)
-    pin.register(subparsers)
-    demo.register(subparsers)
+    loaded: set[str] = set()
+    for name, (module, summary) in COMMANDS.items():
+        if asked is not None and module != COMMANDS[asked][0]:
+            subparsers.add_parser(name, help=summary)  # listed; never parsed (not asked for)
+        elif module not in loaded:
+            importlib.import_module(f"tunerd.commands.{module}").register(subparsers)
+            loaded.add(module)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     if handler is None:
@@ -53,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = getattr(args, "prog", "tunerd")
     try:
         return handler(args)
-    except (UsageError, ShapeError, UnitError) as error:
+    except (UsageError, InputError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # `tunerd plan ... | head`

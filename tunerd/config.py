@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tunerd.engine.args import command_problems
 from tunerd.notify.sink import Target
+from tunerd.paths import DEFAULT_CONFIG, RUN_DIR
 from tunerd.policy.schema import Duration
 from tunerd.tune import TUNABLES, validate_value
 from tunerd.units import parse_duration
@@ -35,8 +36,6 @@ __all__ = [
     "rate_of",
 ]
 
-DEFAULT_CONFIG = "/etc/tunerd/tunerd.yaml"
-RUN_DIR = Path("/run/tunerd")
 HOOKS = ("pre_stop", "post_start")
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 import re
 
+from tunerd.errors import InputError
+
 __all__ = [
     "GIB",
     "KIB",
@@ -55,7 +57,7 @@ _DURATION_ORDER = ["d", "h", "m", "s", "ms"]
 _DURATION_PART_RE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m|h|d)")
 
 
-class UnitError(ValueError):
+class UnitError(InputError):
     """A size or duration that cannot be read; the message quotes the offending text."""
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_OK, Parser, UsageError
 from tunerd.config import DEFAULT_CONFIG, Config, ConfigError, load_config
 from tunerd.policy.schema import PolicyError, load_policy_files
@@ -16,7 +17,7 @@ __all__ = ["load_or_usage_error", "register"]
 
 
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
-    parser = subparsers.add_parser("config", help="validate the daemon's config")
+    parser = subparsers.add_parser("config", help=summary("config"))
     commands = parser.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
     check = commands.add_parser(
         "check",

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError
 from tunerd.demo.runner import DemoOptions, run_demo, write_report
 from tunerd.demo.scenarios import SCENARIOS, scenario
@@ -54,7 +55,7 @@ def default_language(environ: dict[str, str] | None = None) -> str:
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="the simulator, the daemon and load: watch tunerd save a 24 GiB box",
+        help=summary("demo"),
         description=(
             "Run a story end to end on the simulator: tunerd (act mode, the shipped policies) "
             "starts a simulated vLLM with the scenario's settings, load arrives, and tunerd does "

@@ -12,20 +12,19 @@ import json
 import sys
 from typing import Any
 
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_OK, Parser, UsageError, positive_int
-from tunerd.config import DEFAULT_CONFIG
+from tunerd.paths import DEFAULT_CONFIG, DEFAULT_STATE_DIR
 from tunerd.state import State, StateError
 from tunerd.yamlfile import YamlError, load_yaml
 
 __all__ = ["add_state_arguments", "register", "state_dir_of"]
 
-DEFAULT_STATE_DIR = "/var/lib/tunerd"
-
 
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser(
         "history",
-        help="recorded actions with their evidence (works while the daemon is down)",
+        help=summary("history"),
         description="Show what tunerd did (or proposed), newest first, from its state database.",
     )
     parser.add_argument("--json", action="store_true", help='one JSON object: {"actions": [...]}')
@@ -61,17 +60,29 @@ def state_dir_of(args: argparse.Namespace) -> str:
     return str(state_dir) if state_dir else DEFAULT_STATE_DIR
 
 
+def _value(value: Any) -> str:
+    """A knob's value for people: an unset knob is vLLM's default, never ``None``."""
+    return "default" if value is None else str(value)
+
+
 def _text(actions: list[dict[str, Any]]) -> str:
     if not actions:
         return "no actions recorded\n"
     lines = []
     for action in actions:
-        before, after = action["from_settings"] or {}, action["to_settings"] or {}
-        diff = ", ".join(
-            f"{knob} {before.get(knob)}→{after.get(knob)}"
-            for knob in sorted(set(before) | set(after))
-            if before.get(knob) != after.get(knob)
-        )
+        before, after = action["from_settings"], action["to_settings"] or {}
+        if before is None:  # nothing ran before (a first start): what it started with
+            diff = (
+                "with " + ", ".join(f"{knob} {_value(value)}" for knob, value in after.items())
+                if after
+                else ""
+            )
+        else:
+            diff = ", ".join(
+                f"{knob} {_value(before.get(knob))}→{_value(after.get(knob))}"
+                for knob in sorted(set(before) | set(after))
+                if before.get(knob) != after.get(knob)
+            )
         lines.append(
             f"#{action['id']} {action['time']} {action['engine']} {action['kind']} ({action['mode']}) "
             f"{action['outcome']}{' — ' + diff if diff else ''}"

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
 from tunerd.sources.engine_log import LogDiagnosis, diagnose
 from tunerd.sources.gpu import GpuReading, GpuSource, GpuUnavailable, require_gpus
@@ -40,7 +41,7 @@ exit status: 0 read fine, 1 read but unusable (junk, unreachable, no GPU), 2 bad
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser(
         "inspect",
-        help="show what tunerd reads: a /metrics page, an engine log, the GPUs",
+        help=summary("inspect"),
         description="Read one source the way the daemon does and print what it makes of it.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -13,6 +13,7 @@ import os
 import socket
 
 from tunerd.clock import SYSTEM_CLOCK
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_float
 from tunerd.commands.config import load_or_usage_error
 from tunerd.config import DEFAULT_CONFIG, notify_targets
@@ -23,7 +24,7 @@ __all__ = ["register", "sample_alert"]
 
 
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
-    parser = subparsers.add_parser("notify", help="the chat sinks: send a test alert")
+    parser = subparsers.add_parser("notify", help=summary("notify"))
     commands = parser.add_subparsers(dest="notify_command", metavar="COMMAND", required=True)
     test = commands.add_parser(
         "test",

@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterator
 
 from tunerd.clock import SYSTEM_CLOCK
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_OK, Parser, UsageError
 from tunerd.commands.history import add_state_arguments, state_dir_of
 from tunerd.commands.status import add_socket_argument, socket_of, wake
@@ -32,7 +33,7 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     pin = subparsers.add_parser(
         "pin",
-        help="freeze an engine's settings: no policy changes them until `tunerd resume`",
+        help=summary("pin"),
         description="Freeze ENGINE's settings. Recorded in history with your reason.",
     )
     pin.add_argument("engine", metavar="ENGINE", help="the engine's name in the config")
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     pin.set_defaults(handler=_pin, prog=pin.prog)
     resume = subparsers.add_parser(
         "resume",
-        help="let tunerd tune an engine again (clears pin, hold and pause)",
+        help=summary("resume"),
         description="Clear ENGINE's pin, hold and pause. Recorded in history with your reason.",
     )
     resume.add_argument("engine", metavar="ENGINE", help="the engine's name in the config")
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
     rollback = subparsers.add_parser(
         "rollback",
-        help="undo an engine's last settings change (the running tunerd restarts it)",
+        help=summary("rollback"),
         description=(
             "Ask the running tunerd to restart ENGINE with the settings it had before its last "
             "change, through the restart saga, and pause tuning until `tunerd resume`. If tunerd "

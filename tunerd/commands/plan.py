@@ -7,6 +7,7 @@ import json
 import sys
 from dataclasses import replace
 
+from tunerd.commands import summary
 from tunerd.commands.common import (
     EXIT_NO,
     EXIT_OK,
@@ -60,7 +61,7 @@ The assumptions behind each bill are printed by --explain and documented in docs
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser(
         "plan",
-        help="plan GPU memory for a model, precision and workload; recommend vLLM flags",
+        help=summary("plan"),
         description=_PLAN_DESCRIPTION,
         epilog=_PLAN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

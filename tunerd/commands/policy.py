@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, Parser
 from tunerd.policy.schema import PolicyError, load_policy_file
 from tunerd.policy.testrun import describe_plans, run_test_file
@@ -24,7 +25,7 @@ Every problem is printed as FILE:LINE: policy 'NAME': FIELD.PATH: what is wrong.
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser(
         "policy",
-        help="validate policy files, or run their tests",
+        help=summary("policy"),
         description="Validate policy files (DESIGN §4.5) or run policy tests (§4.6).",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

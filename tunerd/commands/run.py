@@ -20,10 +20,11 @@ import threading
 from types import FrameType
 
 from tunerd import logs
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
 from tunerd.commands.config import load_or_usage_error
-from tunerd.config import DEFAULT_CONFIG
 from tunerd.daemon import Daemon
+from tunerd.paths import DEFAULT_CONFIG
 from tunerd.policy.schema import PolicyError
 from tunerd.state import StateError
 
@@ -33,7 +34,7 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="watch the engines and tune them under the policies",
+        help=summary("run"),
         description=(
             "Start (or adopt) every engine in the config, then each metrics interval: read the GPU "
             "and /metrics, evaluate the policies, and act as the mode allows (observe, advise, act). "

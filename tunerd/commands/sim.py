@@ -13,6 +13,7 @@ import os
 import re
 import sys
 
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int, utilization
 from tunerd.planner.bills import KV_DTYPE_WORDS, WEIGHT_FORMATS
 from tunerd.planner.gpus import GPU_PROFILES, custom_gpu, gpu_profile
@@ -97,7 +98,7 @@ def _neighbour_spec(text: str) -> tuple[int, float, float, str | None]:
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser(
         "sim",
-        help="the simulated GPU and vLLM engine, and a load generator",
+        help=summary("sim"),
         description="Run a simulated vLLM engine on a simulated GPU, or send it load.",
     )
     parser.set_defaults(handler=lambda _args: parser.error("say serve or load"), prog=parser.prog)

@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 
+from tunerd.commands import summary
 from tunerd.commands.common import EXIT_OK, Parser, UsageError
 from tunerd.commands.history import add_state_arguments, state_dir_of
-from tunerd.config import DEFAULT_CONFIG, RUN_DIR
+from tunerd.paths import DEFAULT_CONFIG, RUN_DIR
 from tunerd.status import render
 from tunerd.yamlfile import YamlError, load_yaml
 
@@ -28,7 +29,7 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser(
         "status",
-        help="what the running daemon sees and did: GPUs, engines, bills, policies, guards",
+        help=summary("status"),
         description=(
             "Ask the running tunerd for its status: each GPU's memory; per engine its state, "
             "settings, the memory bills (weights, KV pool, engine other, other processes, free), "

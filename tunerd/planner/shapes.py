@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tunerd.errors import InputError
+
 __all__ = [
     "BUILTIN_MODELS",
     "MODEL_ALIASES",
@@ -31,7 +33,7 @@ __all__ = [
 ]
 
 
-class ShapeError(ValueError):
+class ShapeError(InputError):
     """A model shape that cannot be planned; the message names the field or the reason."""
 
 
