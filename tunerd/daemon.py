@@ -1,26 +1,21 @@
-"""The ``tunerd run`` daemon: sources → store → policies → engine control.
+"""The ``tunerd run`` daemon: wiring. Sources → store → policies → acting → engine control.
 
 Each tick, for every engine: take the newest GPU reading (one for all engines) and the engine's
 ``/metrics``, record DESIGN §4.7's signals under the engine's name, turn a dead engine into an
-``engine_crash`` event, evaluate the policies, and act on the merged plan as the mode allows:
-
-- ``observe``: the plan is recorded (``skipped``) and nothing else;
-- ``advise``: recorded as ``proposed`` with the exact flag diff and the command that applies it;
-- ``act``: the :class:`~tunerd.engine.saga.Supervisor` restarts with the new settings, under
-  the guards; a crash with a plan restarts with the plan's settings, without one with the same.
-
-A ``restart: {quiet: true}`` waits, tick after tick, for ``guards.quiet`` (and pages if it
-never comes). A person's ``tunerd rollback`` is carried out on the next tick; settings a person
-changed in the config are adopted when the daemon starts (both pause tuning). Engines run under
-tunerd (supervise mode) or as their own systemd units (``control: systemd``); the saga is the
-same.
+``engine_crash`` event, evaluate the policies and hand the plan to :class:`~tunerd.acting.Actor`,
+which acts on it as the mode allows (observe, advise, act) and alerts
+(:mod:`tunerd.alerting`). A restart is a *saga* (:mod:`tunerd.engine.saga`), a durable state
+machine: acting begins it, and the ``sagas`` job advances it a few times a second, a step at a
+time, without ever waiting on it — so during a restart of minutes the loop keeps sampling,
+scraping and evaluating the other engines, ``tunerd status`` answers with the step and its
+deadline, and SIGTERM stops tunerd within seconds (the next tunerd resumes the saga). While an
+engine's saga runs, its policies wait; two engines on one GPU never restart at once.
 
 Threads (:mod:`tunerd.scheduler`, APScheduler 3 jobs). The *loop* executor — one thread —
 owns the state database and runs everything that changes something: the tick each metrics
-interval (restarts block it, so two engines' restarts never overlap), a reload (SIGHUP) at the
-start of a tick, housekeeping each minute. The *gpu* executor runs the GPU sampling job
-(:class:`~tunerd.sampler.Sampler`, 4 times a second by default): it feeds systemd's watchdog,
-so a restart of minutes never silences the watchdog and a hung driver read does, and after
+interval, the sagas job, a reload (SIGHUP) at the start of a tick, housekeeping each minute.
+The *gpu* executor runs the GPU sampling job (:class:`~tunerd.sampler.Sampler`, 4 times a
+second by default): it feeds systemd's watchdog (a hung driver read silences it), and after
 each reading it looks for a dead engine or a reload asked for and brings the tick forward — so
 a crash is handled within a sampling period, not a whole interval. The *logs* executor passes
 the engines' log lines into tunerd's log. The status API and the metrics endpoint serve what
@@ -35,54 +30,53 @@ import socket
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tunerd import logs
+from tunerd.acting import Actor, EngineLoop
+from tunerd.alerting import Did, Outgoing
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, ConfigError, EngineConfig, load_config, notify_targets, rate_of
-from tunerd.engine.args import engine_argv, settings_to_args
-from tunerd.engine.guards import GuardConfig, budget, is_quiet, shared_gpu_refusal
+from tunerd.engine.guards import GuardConfig, budget
 from tunerd.engine.process import copytruncate, process_tree
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
-from tunerd.notify.alert import Action, Alert, Severity, fingerprint
 from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
-from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
+from tunerd.outcomes import Mode
+from tunerd.policy.engine import EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
 from tunerd.scheduler import LOGS, LOOP, Jobs
 from tunerd.sdnotify import Notifier
-from tunerd.signals import (
-    ENGINE_METRIC_SIGNALS,
-    EngineMemory,
-    engine_gpus,
-    engine_memory,
-    gpu_room,
-    gpu_signals,
-)
+from tunerd.signals import ENGINE_METRIC_SIGNALS, engine_gpus, engine_memory, gpu_room, gpu_signals
 from tunerd.sources.engine_log import FileFollower, LogDiagnosis, passed_through
 from tunerd.sources.gpu import GpuReading, GpuSource
 from tunerd.sources.select import gpu_source
 from tunerd.sources.sim_clock import SimulatorClock
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse
 from tunerd.state import HostLock, State
-from tunerd.status import bills, engine_state
+from tunerd.status import engine_state, engine_status, status_document
 from tunerd.status_server import StatusServer
 from tunerd.store import Event, Store, retention_capacity
-from tunerd.tune import changes
+from tunerd.units import GIB
 
 __all__ = ["Daemon", "EngineLoop"]
-
-_GIB = 1 << 30
-
 
 DEFAULT_METRICS = "127.0.0.1:9464"
 #: config parts a reload cannot change under running engines: tunerd must restart for them
 RESTART_FIELDS = ("engines", "state_dir", "gpu", "listen", "clock")
+HOUSEKEEPING_S = 60.0  # engine logs rotated by size, the state's write-ahead log folded in
+SAGA_S = 0.25  # how often restarts in flight are advanced
+LOG_MAX_BYTES = 64 << 20
+LOG_PASS_S = 1.0  # how often the engines' new log lines are passed into tunerd's log
+LOG_PASS_MAX = 2000  # lines per engine per pass; the rest are counted, not logged
+RETENTION_S = 6 * 3600  # what the store keeps of each signal (the longest policy window)
+TICK_FAILURES_TO_STOP = 3  # ticks failing in a row (a bug, a broken disk): stop, systemd restarts
+FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
+_METRIC_FIELDS = tuple(name for name in ENGINE_METRIC_SIGNALS if name != "engine_up")  # from /metrics
 
 
 def _guards(config: Config) -> GuardConfig:
@@ -95,7 +89,7 @@ def _guards(config: Config) -> GuardConfig:
 
 
 def _bytes(gib: float | None) -> int | None:
-    return None if gib is None else round(gib * _GIB)
+    return None if gib is None else round(gib * GIB)
 
 
 def _metrics_fields(snapshot: MetricsSnapshot | None) -> dict[str, Any] | None:
@@ -103,37 +97,6 @@ def _metrics_fields(snapshot: MetricsSnapshot | None) -> dict[str, Any] | None:
     if snapshot is None:
         return None
     return {key: value for key, value in snapshot.to_dict().items() if key not in ("engines", "cache_config")}
-
-
-HOUSEKEEPING_S = 60.0  # engine logs rotated by size, the state's write-ahead log folded in
-LOG_MAX_BYTES = 64 << 20
-LOG_PASS_S = 1.0  # how often the engines' new log lines are passed into tunerd's log
-LOG_PASS_MAX = 2000  # lines per engine per pass; the rest are counted, not logged
-RETENTION_S = 6 * 3600  # what the store keeps of each signal (the longest policy window)
-TICK_FAILURES_TO_STOP = 3  # ticks failing in a row (a bug, a broken disk): stop, systemd restarts
-FAILED_VALUE_SECONDS = 7 * 24 * 3600  # a value that failed is not stepped up to for 7 days
-_METRIC_FIELDS = tuple(name for name in ENGINE_METRIC_SIGNALS if name != "engine_up")  # from /metrics
-
-
-@dataclass
-class EngineLoop:
-    """One engine's part of the loop: its supervisor, scraper and policy states."""
-
-    config: EngineConfig
-    supervisor: Supervisor
-    metrics: MetricsClient
-    policy_states: dict[str, PolicyState]
-    observed_since: float
-    crash_reported: bool = False
-    engine_pids: set[int] = field(default_factory=set)  # as last seen alive: the OOM text lists them too
-    said: list[str] = field(default_factory=list)
-    waiting: tuple[ActionPlan, float] | None = None  # a quiet restart and since when it waits
-    snapshot: MetricsSnapshot | None = None  # the last /metrics page that parsed
-    healthy: bool = False  # the last scrape answered
-    memory: EngineMemory | None = None  # on its worst GPU, at the last tick
-    figures: tuple[int, LogDiagnosis] | None = None  # (pid, its start-up figures from the log)
-    log: FileFollower | None = None  # the engine's log from where it was when tunerd started
-    notified: dict[str, Alert] = field(default_factory=dict)  # policy → its last firing alert
 
 
 class Daemon:
@@ -178,7 +141,23 @@ class Daemon:
         self.host = socket.gethostname()
         self.dispatcher: Dispatcher | None = self._dispatcher(config)
         now = clock.now()
-        self.engines = [self._loop(engine, _guards(config), now) for engine in config.engines]
+        self.engines: list[EngineLoop] = []
+        self.actor = Actor(
+            config=config,
+            state=self.state,
+            store=self.store,
+            clock=clock,
+            say=say,
+            send=self._send_alert,
+            host=self.host,
+            engines=self.engines,
+            env_path=lambda engine: str(self._env_path(engine)),
+        )
+        self.engines += [self._loop(engine, _guards(config), now) for engine in config.engines]
+
+    @property
+    def mode(self) -> Mode:
+        return Mode(self.config.mode)
 
     def _dispatcher(self, config: Config) -> Dispatcher | None:
         """The chat sinks' dispatcher (started with the sampling), or None without sinks."""
@@ -196,16 +175,17 @@ class Daemon:
             guards=guards,
             client=client,
             on_step=lambda step: self._on_step(engine.name, step),
-            on_held=lambda reason: self._page_held(engine.name, reason),
+            on_held=lambda reason: self.actor.page_held(engine.name, reason),
             room=lambda settings: self._gpu_room(engine, settings),
             runner=self._runner(engine),
+            stopping=self._stop.is_set,
         )
-        supervisor.mode = self.config.mode
+        supervisor.mode = self.mode
         return EngineLoop(engine, supervisor, client, new_states(self.policies), now)
 
     def _on_step(self, engine: str, step: str) -> None:
         self.say("restart_step", engine=engine, step=step, at=self.clock.now())
-        self.publish()  # `tunerd status` shows the restart while it runs
+        self.publish()  # `tunerd status` shows the restart's step while it runs
 
     def publish(self) -> None:
         """Build the status the API hands out; a failure is said, never raised: status must
@@ -269,8 +249,10 @@ class Daemon:
 
     # -- life cycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        """Reconcile every engine with its state; start the ones tunerd never started. The
-        status API answers from the beginning (starting an engine takes minutes)."""
+        """Serve the status API, start sampling, say READY, then reconcile every engine with its
+        state: adopt the ones that serve, resume a restart a killed tunerd left, begin the
+        starts that are due. Nothing here waits for an engine: :meth:`run` advances the starts
+        (a first start takes minutes, longer than systemd waits for READY)."""
         if not self._serving:
             try:
                 self.status_server.start()
@@ -278,9 +260,6 @@ class Daemon:
             except OSError as error:
                 self.say("status_unavailable", socket=str(self.status_server.path), reason=str(error))
         self._start_sampling()
-        # READY once the sources answer, before the engines start: a first start can take
-        # minutes (startup_timeout), longer than systemd waits for READY; the watchdog is fed
-        # meanwhile and STATUS says what is happening
         self.notifier.ready(f"{self.config.mode}: starting {len(self.engines)} engine(s)")
         if self.exporter is None:
             address = self.config.listen.get("metrics", DEFAULT_METRICS)
@@ -292,109 +271,46 @@ class Daemon:
         for loop in self.engines:
             if isinstance(loop.supervisor.runner, SystemdRunner):
                 for problem in loop.supervisor.runner.problems(loop.config.drain):
-                    self.say("unit_problem", engine=loop.config.name, problem=problem)
-            done = loop.supervisor.reconcile()
-            if done == "no engine recorded":
-                result = loop.supervisor.start_initial(loop.config.settings)
-                done = f"first start: {result.outcome} ({result.reason})"
-            self.say("engine_reconciled", engine=loop.config.name, outcome=done)
-            self.publish()
-            self.notifier.status(self.status_line())
-            if loop.supervisor.adopted_by_hand is not None:
-                self._alert_adopted(loop, loop.supervisor.adopted_by_hand)  # the engine is their word
-            else:
-                self._people_win(loop)
+                    self.say("unit_problem", engine=loop.name, problem=problem)
+            self._reconcile(loop)
+        self.publish()
+        self.notifier.status(self.status_line())
 
-    def _alert_adopted(self, loop: EngineLoop, why: str) -> None:
-        self.say("engine_adopted", engine=loop.config.name, reason=why)
-        name = loop.config.name
-        self._page(
-            name,
-            "people-win",
-            "warning",
-            f"{name} changed by a person: tuning paused",
-            f"{why}; tuning paused",
-        )
-
-    def _people_win(self, loop: EngineLoop) -> None:
-        """A person changed the engine's settings or command in the config since tunerd last
-        applied the config. Found by comparing the config with the config tunerd recorded —
-        never ``/proc``'s argv with the config's text: a console script, ``python -m``, a
-        symlinked interpreter and a wrapper each show other text for the same engine.
-
-        Theirs become the new base (an ``initial`` version with its command) and tuning pauses.
-        In mode ``act`` the engine restarts with them through the saga; ``observe`` and
-        ``advise`` never restart a healthy engine: the change is proposed, and takes effect
-        when tunerd next starts the engine (or once the mode is ``act``). An alert says which."""
-        name = loop.config.name
-        supervisor = loop.supervisor
-        record = self.state.engine(name)
-        base = self.state.base(name)
-        if record is None or base is None or record.running is None:
-            return
-        wanted, command = dict(loop.config.settings), list(loop.config.command)
-        if base.command is None:  # recorded before tunerd kept the command: this one it was
-            self.state.set_command(base.id, command)
-            base = self.state.version(base.id)
-        changed = changes(base.settings, wanted) + (["command"] if command != base.command else [])
-        now = self.clock.now()
-        if changed:
-            self.state.add_version(name, wanted, "initial", now, command=command)
-            base = self.state.base(name)
-            assert base is not None
-        running = self.state.version(record.running)
-        if self.state.pending_base(name) is None:
-            return  # applied (or superseded, or it failed to start: said when it did)
-        what = ", ".join(changed) if changed else ", ".join(changes(running.settings, base.settings))
-        why = f"the config was changed by a person ({what or 'the command'}): adopted as the new base"
-        pause = f"{why}; tuning paused until `tunerd resume {name}`"
-        if self.config.mode != "act":
-            if not changed:
-                return  # proposed when it was first seen
-            self.state.record_action(
-                engine=name,
-                kind="adopt",
-                mode=self.config.mode,
-                outcome="proposed",
-                reason=f"{why}; mode {self.config.mode} does not restart a healthy engine: the new "
-                "settings take effect when tunerd next starts it (or in mode act)",
-                now=now,
-                from_settings=running.settings,
-                to_settings=base.settings,
-                evidence={"asked_by": f"config {self.config.source_file}"},
-            )
-            self.state.set_flags(name, paused=pause)
-            self._alert_adopted(
-                loop,
-                f"{why}; not applied: mode {self.config.mode} never restarts a "
-                f"healthy engine — they take effect at its next start",
-            )
-            return
-        action = self.state.record_action(
-            engine=name,
-            kind="adopt",
-            mode=self.config.mode,
-            outcome="proposed",
-            reason=why,
-            now=now,
-            from_settings=running.settings,
-            to_settings=base.settings,
-            evidence={"asked_by": f"config {self.config.source_file}"},
-        )
-        self.state.set_flags(name, paused=pause)
-        result = supervisor.restart(base.settings, reason=why, asked=action, version=base.id)
-        self._alert_adopted(loop, f"{why}; restart {result.outcome}")
+    def _reconcile(self, loop: EngineLoop) -> None:
+        """What the state says about ``loop``'s engine against what runs; a start that is due
+        begins — once no other engine on its GPU is restarting."""
+        if self.actor.gpu_busy(loop) is not None:
+            return  # the tick reconciles it once the GPU's other restart has ended
+        loop.reconciled = True
+        done = loop.supervisor.reconcile()
+        if done.what == "no_engine":
+            loop.supervisor.begin_first_start(loop.config.settings)
+            done = type(done)("starting", "first start under tunerd")
+        self.say("engine_reconciled", engine=loop.name, outcome=done.text)
+        if (why := loop.supervisor.take_adopted_by_hand()) is not None:
+            self.actor.alert_adopted(loop, why)  # the engine is their word
+        elif done.what != "starting":
+            loop.people_due = True  # once no restart runs: did a person change the config?
+        if loop.people_due and not loop.supervisor.in_flight():
+            loop.people_due = False
+            self.actor.people_win(loop)
+        self.publish()
 
     def run(self, stop: threading.Event | None = None, ticks: int | None = None) -> None:
         """Schedule the loop's jobs and wait until ``stop`` (or ``ticks`` ticks, or
         :data:`TICK_FAILURES_TO_STOP` failed ticks in a row: :attr:`failure` says so); then
-        wait for the job in progress — a restart finishes its step — and stop scheduling."""
-        self._stop = stop or threading.Event()
+        wait for the job in progress — never more than one step of a restart — and stop
+        scheduling. A restart in flight stays in the state for the next tunerd."""
+        if stop is not None:
+            self._stop = stop
+            for loop in self.engines:
+                loop.supervisor.stopping = stop.is_set
         self._tick_limit = ticks
         self._start_sampling()
         jobs = self.jobs
         assert jobs is not None
         jobs.every("tick", self.config.metrics.interval, self._tick_job, LOOP)
+        jobs.every("sagas", SAGA_S, self.advance_sagas, LOOP, now=False)
         jobs.every("housekeeping", HOUSEKEEPING_S, self.housekeeping, LOOP)
         try:
             while not self._stop.wait(1.0):
@@ -420,6 +336,27 @@ class Daemon:
         self.ticks += 1
         if self._tick_limit is not None and self.ticks >= self._tick_limit:
             self._stop.set()
+
+    def advance_sagas(self) -> None:
+        """The sagas job: each restart in flight takes what steps it can now; an engine whose
+        reconcile waited for another's restart on its GPU is reconciled once that has ended."""
+        for loop in self.engines:
+            if not loop.reconciled:
+                self._reconcile(loop)
+            elif loop.supervisor.in_flight():
+                self._advance(loop)
+
+    def in_flight(self) -> list[str]:
+        """The engines with a restart under way, or not yet reconciled."""
+        return [loop.name for loop in self.engines if not loop.reconciled or loop.supervisor.in_flight()]
+
+    def _advance(self, loop: EngineLoop) -> None:
+        result = loop.supervisor.advance()
+        if result is not None:
+            self.actor.finished(loop, result)
+            self.publish()
+            if self.jobs is not None and any(other.waiting for other in self.engines):
+                self.jobs.run_soon("tick")  # a plan waiting for this GPU goes ahead now
 
     def _wake(self) -> None:
         """A person's pin, resume or rollback was written to the state: look at it now."""
@@ -460,17 +397,10 @@ class Daemon:
             try:
                 rotated = copytruncate(path, self.log_max_bytes)
             except OSError as error:  # a full disk must not stop the daemon
-                self.say(
-                    "engine_log_rotate_failed", engine=loop.config.name, path=str(path), reason=str(error)
-                )
+                self.say("engine_log_rotate_failed", engine=loop.name, path=str(path), reason=str(error))
                 continue
             if rotated:
-                self.say(
-                    "engine_log_rotated",
-                    engine=loop.config.name,
-                    path=str(path),
-                    max_bytes=self.log_max_bytes,
-                )
+                self.say("engine_log_rotated", engine=loop.name, path=str(path), max_bytes=self.log_max_bytes)
         try:
             self.state.checkpoint()
         except sqlite3.Error as error:
@@ -480,79 +410,45 @@ class Daemon:
         """DESIGN §4.8's ``tunerd status --json``: live values from the last tick."""
         now = self.clock.now()
         reading = self.sampler.latest
-        gpus = [
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "name": gpu.name,
-                "used_bytes": gpu.memory_used_bytes,
-                "total_bytes": gpu.memory_total_bytes,
-                "free_bytes": gpu.memory_free_bytes,
-            }
-            for gpu in (reading.gpus if reading is not None else ())
-        ]
-        free_by_index = {gpu.index: gpu.memory_free_bytes for gpu in (reading.gpus if reading else ())}
-        intents = {intent.engine: intent.step for intent in self.state.intents()}
+        gpus = list(reading.gpus) if reading is not None else []
+        free_by_index = {gpu.index: gpu.memory_free_bytes for gpu in gpus}
         engines = []
         for loop in self.engines:
-            name = loop.config.name
-            record = self.state.engine(name)
+            record = self.state.engine(loop.name)
             supervisor = loop.supervisor
             process = supervisor.process
             alive = process is not None and process.alive()
             figures = self._startup_figures(loop) if alive else None
             memory = loop.memory
-            weights = kv_pool = None
-            if figures is not None:
-                weights = _bytes(figures.model_loading_gib)
-                kv_pool = _bytes(figures.available_kv_cache_gib)
             used, budget_left = budget(supervisor.facts(), supervisor.guards, now)
             lkg = record.last_known_good if record else None
             engines.append(
-                {
-                    "name": name,
-                    "state": self._engine_state(loop, intents.get(name)),
-                    "generation": record.generation if record else 0,
-                    "settings": supervisor.running_settings() or dict(loop.config.settings),
-                    "pid": process.pid if process is not None and alive else None,
-                    "healthy": alive and loop.healthy,
-                    "last_known_good": self.state.version(lkg).settings if lkg else None,
-                    "paused": record.paused if record else None,
-                    "bills": bills(
-                        weights=weights,
-                        kv_pool=kv_pool,
-                        engine_bytes=memory.engine_memory_bytes if memory else None,
-                        other_processes=memory.other_processes_memory_bytes if memory else None,
-                        free=free_by_index.get(memory.gpu_index)
-                        if memory and memory.gpu_index is not None
-                        else None,
-                    ),
-                    "metrics": _metrics_fields(loop.snapshot),
-                    "policies": [
-                        {
-                            "name": policy.name,
-                            "state": policy.state,
-                            "since": policy.since,
-                            "health": policy.health,
-                            "last_error": policy.last_error,
-                        }
-                        for policy in loop.policy_states.values()
-                    ],
-                    "guards": {
-                        "restarts_in_window": used,
-                        "budget_left": budget_left,
-                        "held": bool(record and record.held),
-                    },
-                    "last_actions": [
-                        {
-                            key: action[key]
-                            for key in ("id", "time", "kind", "mode", "outcome", "policy", "reason")
-                        }
-                        for action in self.state.history(engine=name, limit=5)
-                    ],
-                }
+                engine_status(
+                    name=loop.name,
+                    state=self._engine_state(loop),
+                    generation=record.generation if record else 0,
+                    settings=supervisor.running_settings() or dict(loop.config.settings),
+                    pid=process.pid if process is not None and alive else None,
+                    healthy=alive and loop.healthy,
+                    last_known_good=self.state.version(lkg).settings if lkg else None,
+                    paused=record.paused if record else None,
+                    pinned=bool(record and record.pinned),
+                    held=bool(record and record.held),
+                    weights=_bytes(figures.model_loading_gib) if figures else None,
+                    kv_pool=_bytes(figures.available_kv_cache_gib) if figures else None,
+                    memory=memory,
+                    free=free_by_index.get(memory.gpu_index)
+                    if memory and memory.gpu_index is not None
+                    else None,
+                    metrics=_metrics_fields(loop.snapshot),
+                    policies=loop.policy_states.values(),
+                    restarts_in_window=used,
+                    budget_left=budget_left,
+                    last_actions=self.state.history(engine=loop.name, limit=5),
+                    restart=supervisor.progress(),
+                )
             )
-        return {"mode": self.config.mode, "time": now, "gpus": gpus, "engines": engines}
+        return status_document(mode=self.mode, now=now, gpus=gpus, engines=engines)
 
     def _startup_figures(self, loop: EngineLoop) -> LogDiagnosis | None:
         """The running engine's start-up figures (weights, KV pool) from its log, read once per
@@ -583,6 +479,7 @@ class Daemon:
         later = [name for name in RESTART_FIELDS if getattr(config, name) != getattr(self.config, name)]
         interval, old_notify = self.config.metrics.interval, self.config.notify
         self.config = config.model_copy(update={name: getattr(self.config, name) for name in later})
+        self.actor.config = self.config
         if self.config.metrics.interval != interval:  # the tick's pace, and what 6 h of it holds
             self.store.resize(retention_capacity(RETENTION_S, max(self.config.metrics.interval, 0.25)))
             if self.jobs is not None and self.jobs.has("tick"):
@@ -601,7 +498,7 @@ class Daemon:
                 for policy in policies
             }
             loop.supervisor.guards = guards
-            loop.supervisor.mode = self.config.mode
+            loop.supervisor.mode = self.mode
         self.say(
             "reloaded",
             policies=[policy.name for policy in policies],
@@ -612,14 +509,15 @@ class Daemon:
         self.publish()
         return True
 
-    def _engine_state(self, loop: EngineLoop, step: str | None) -> str:
-        """DESIGN §4.8's engine state (``step``: the restart in flight, if any)."""
-        record = self.state.engine(loop.config.name)
+    def _engine_state(self, loop: EngineLoop) -> str:
+        """DESIGN §4.8's engine state."""
+        record = self.state.engine(loop.name)
         process = loop.supervisor.process
+        progress = loop.supervisor.progress()
         return engine_state(
             held=bool(record and record.held),
             pinned=bool(record and record.pinned),
-            step=step,
+            step=None if progress is None else str(progress.step),
             alive=process is not None and process.alive(),
             healthy=loop.healthy,
             crashed=loop.crash_reported,
@@ -651,40 +549,40 @@ class Daemon:
                 if level is None:
                     continue
                 if passed == LOG_PASS_MAX:
-                    self.say("engine_log_skipped", engine=loop.config.name, source="engine", lines=len(lines))
+                    self.say("engine_log_skipped", engine=loop.name, source="engine", lines=len(lines))
                     break
                 passed += 1
-                self.say(
-                    "engine_log", engine=loop.config.name, source="engine", engine_level=level, line=line
-                )
+                self.say("engine_log", engine=loop.name, source="engine", engine_level=level, line=line)
 
     def status_line(self) -> str:
         """One line for ``systemctl status``: the mode and each engine's state and settings."""
         parts = []
         for loop in self.engines:
-            step = next((i.step for i in self.state.intents() if i.engine == loop.config.name), None)
-            state = self._engine_state(loop, step)
             settings = loop.supervisor.running_settings() or {}
             seqs = settings.get("max_num_seqs")
             util = settings.get("gpu_memory_utilization")
             shown = ", ".join(
                 f"{key} {value:g}" for key, value in (("util", util), ("seqs", seqs)) if value is not None
             )
-            parts.append(f"{loop.config.name} {state}" + (f" ({shown})" if shown else ""))
+            parts.append(f"{loop.name} {self._engine_state(loop)}" + (f" ({shown})" if shown else ""))
         return f"{self.config.mode}: " + "; ".join(parts)
 
     def _engine_died(self) -> bool:
-        """A supervised engine's process is gone and its crash not yet handled."""
+        """A supervised engine's process is gone and its crash not yet handled (a restart in
+        flight watches its own engine)."""
         return any(
             loop.supervisor.process is not None
             and not loop.supervisor.process.alive()
             and loop.supervisor.next_restart_at is None
             and not loop.crash_reported
+            and not loop.supervisor.in_flight()
             for loop in self.engines
         )
 
     def close(self) -> None:
-        """Stop watching; the engines keep running (they outlive tunerd by design)."""
+        """Stop watching; the engines keep running (they outlive tunerd by design), and a
+        restart in flight stays recorded for the next tunerd."""
+        self._stop.set()  # nothing is spawned from here on
         if self.jobs is not None:
             self.jobs.shutdown()
             self.jobs = None
@@ -721,7 +619,7 @@ class Daemon:
     def _record_signals(
         self, loop: EngineLoop, reading: GpuReading, now: float, settings: Mapping[str, Any], generation: int
     ) -> None:
-        name = loop.config.name
+        name = loop.name
         process = loop.supervisor.process
         up = 0.0
         if process is not None and process.alive():
@@ -752,15 +650,31 @@ class Daemon:
             self.store.record(signal, name, now, value, generation)
 
     def _tick_engine(self, loop: EngineLoop, reading: GpuReading, now: float) -> None:
-        name = loop.config.name
+        name = loop.name
         supervisor = loop.supervisor
+        if not loop.reconciled:
+            self._reconcile(loop)
         settings = supervisor.running_settings() or dict(loop.config.settings)
         record = self.state.engine(name)
         generation = record.generation if record else 0
         self._record_signals(loop, reading, now, settings, generation)
+        if not loop.reconciled:
+            return
+        if supervisor.in_flight():
+            self._advance(loop)  # its policies wait until the restart has ended
+            return
+        if loop.people_due:
+            loop.people_due = False
+            self.actor.people_win(loop)
+            if supervisor.in_flight():
+                self._advance(loop)
+                return
         crash = supervisor.crashed()
-        if crash is None and self._rollback_asked(loop):
-            return  # a person's rollback took this tick; the policies look again at the next
+        if (why := supervisor.take_adopted_by_hand()) is not None:
+            self.actor.alert_adopted(loop, why)  # a person restarted it with flags of theirs
+        if crash is None and self.actor.rollback_asked(loop):
+            self._advance(loop)
+            return  # a person's rollback took this tick; the policies look again after it
         if crash is not None and not loop.crash_reported:
             self.store.add_event(Event(now, "engine_crash", name, data=crash))
             loop.crash_reported = True
@@ -777,7 +691,7 @@ class Daemon:
             bounds=loop.config.bounds,
             ladders=loop.config.ladders,
             failed=self.state.failed_values(name, now - FAILED_VALUE_SECONDS),
-            mode=self.config.mode,
+            mode=self.mode,
             observed_since=loop.observed_since,
         )
         loop.policy_states, plan = evaluate(self.policies, loop.policy_states, self.store, context, now)
@@ -799,190 +713,23 @@ class Daemon:
         if crash is not None:
             loop.waiting = None  # crashes never wait, and what the waiting plan assumed is gone
         elif plan is None and loop.waiting is not None:
-            plan = loop.waiting[0]  # a quiet restart still waiting: look again (crashes never wait)
-        done = self._act(loop, plan, crash, now)
-        failed = done.startswith(("restart rolled_back", "restart failed"))
-        if plan is not None and ((fresh and plan.notify) or failed):
-            self._notify(plan, now, done, page=failed)  # a change that did not take pages a person
+            plan = loop.waiting[0]  # a plan still waiting (quiet period, busy GPU): look again
+        acted = self.actor.act(loop, plan, crash, now)
+        if acted.did is Did.RESTARTING:
+            progress = supervisor.progress()
+            if plan is not None and progress is not None:
+                loop.plans[progress.action_id] = (plan, fresh)  # its alert comes with the result
+            self._advance(loop)  # a crash restart spawns in this very tick
+            return
+        if plan is not None and ((fresh and plan.notify) or acted.pages):
+            self.actor.alert_plan(loop, plan, acted)  # a change that did not take pages a person
 
-    def _rollback_asked(self, loop: EngineLoop) -> bool:
-        """Carry out the newest ``tunerd rollback`` for this engine (older ones are superseded)."""
-        asked = self.state.requested_rollbacks(loop.config.name)
-        if not asked:
-            return False
-        now = self.clock.now()
-        for stale in asked[:-1]:
-            self.state.update_action(
-                stale["id"], "skipped", now, f"{stale['reason']}; superseded by a later rollback"
-            )
-        newest = asked[-1]
-        result = loop.supervisor.restart(newest["to_settings"], reason=newest["reason"], asked=newest["id"])
-        self.say("engine_rolled_back", engine=loop.config.name, outcome=result.outcome, reason=result.reason)
-        return True
-
-    def _act(
-        self, loop: EngineLoop, plan: ActionPlan | None, crash: Mapping[str, Any] | None, now: float
-    ) -> str:
-        """Carry out what the mode allows; say what happened (the alert reports it)."""
-        name = loop.config.name
-        supervisor = loop.supervisor
-        if crash is not None:
-            tuned = (
-                plan.after
-                if plan is not None and plan.mode == "act" and plan.changes and not plan.hold
-                else None
-            )
-            if plan is not None and plan.changes and plan.mode != "act":
-                self._propose(plan, now)
-            said = supervisor.check(
-                tuned,
-                reason="; ".join(plan.reasons) if plan else "",
-                policy=",".join(plan.policies) if plan else None,
-                evidence={"signals": dict(plan.evidence)} if plan else None,
-            )
-            if said is not None:
-                self.say("engine_recovered", engine=name, outcome=said)
-            if supervisor.crashed() is None:
-                loop.crash_reported = False
-            return said or "the engine is down; waiting"
-        if plan is None or not plan.changes:
-            return "nothing to change"
-        if plan.hold:
-            return "held: nothing changed"
-        if plan.mode != "act" or plan.restart is None:
-            self._propose(plan, now)
-            return "proposed, not applied" if plan.mode == "advise" else "observed, not applied"
-        if (crowded := self._shared_gpu_refusal(loop, plan)) is not None:
-            self._not_applied(plan, now, crowded)
-            return f"not applied: {crowded}"
-        if plan.restart.quiet:
-            waited = self._wait_for_quiet(loop, plan, now)
-            if waited is not None:
-                return waited
-        result = supervisor.restart(
-            plan.after,
-            reason="; ".join(plan.reasons),
-            policy=",".join(plan.policies),
-            evidence={"signals": dict(plan.evidence)},
-        )
-        self.say(
-            "engine_tuned", engine=name, outcome=result.outcome, reason=result.reason, changes=plan.changes
-        )
-        return f"restart {result.outcome}: {result.reason}"
-
-    def _shared_gpu_refusal(self, loop: EngineLoop, plan: ActionPlan) -> str | None:
-        """A raise of utilization that would overbook a GPU this engine shares with others."""
-        after = plan.after.get("gpu_memory_utilization")
-        if after is None or after <= (plan.before.get("gpu_memory_utilization") or 0):
-            return None
-        utilizations = {}
-        for other in self.engines:
-            running = other.supervisor.running_settings() or dict(other.config.settings)
-            if other is not loop and running.get("gpu_memory_utilization") is not None:
-                utilizations[other.config.name] = float(running["gpu_memory_utilization"])
-        gpus = {other.config.name: list(other.config.gpus) for other in self.engines}
-        return shared_gpu_refusal(
-            loop.config.name, float(after), gpus, utilizations, self.config.guards.shared_gpu_max
-        )
-
-    def _wait_for_quiet(self, loop: EngineLoop, plan: ActionPlan, now: float) -> str | None:
-        """None when the engine is quiet (the restart may go ahead); else what was done: still
-        waiting, or — after ``guards.quiet.within`` — given up (the alert says so)."""
-        quiet = self.config.guards.quiet
-        if loop.waiting is None or loop.waiting[0].after != plan.after:
-            loop.waiting = (plan, now)
-        # look back far enough to find the reading at or before `now - for` even when readings
-        # are minutes apart in clock time (a long interval; the simulator's clock sped up)
-        lookback = 2 * quiet.for_ + 600
-        samples = [
-            (sample.time, sample.value)
-            for sample in self.store.window("num_requests_running", loop.config.name, now, lookback)
-        ]
-        if is_quiet(samples, now, quiet.max_running, quiet.for_):
-            loop.waiting = None
-            return None
-        since = loop.waiting[1]
-        if now - since < quiet.within:
-            return "waiting for a quiet period"
-        loop.waiting = None
-        self._not_applied(
-            plan,
-            now,
-            f"no quiet period (≤ {quiet.max_running} running for {quiet.for_:g} s) within {quiet.within:g} s",
-        )
-        return f"restart failed: no quiet period within {quiet.within:g} s"
-
-    def _not_applied(self, plan: ActionPlan, now: float, why: str) -> None:
-        """Record a plan's change as skipped, with why it was not applied."""
-        self.state.record_action(
-            engine=plan.engine,
-            kind="tune",
-            mode=plan.mode,
-            outcome="skipped",
-            reason=f"{'; '.join(plan.reasons)}; not applied: {why}",
-            now=now,
-            policy=",".join(plan.policies),
-            from_settings=plan.before,
-            to_settings=plan.after,
-            evidence={"signals": dict(plan.evidence)},
-        )
-
-    def _notify(self, plan: ActionPlan, now: float, done: str, page: bool = False) -> None:
-        """Send the alerts a plan asks for (one per notifying policy; a change that did not take
-        pages a person at critical) to the sinks, and record each in history."""
-        loop = next(loop for loop in self.engines if loop.config.name == plan.engine)
-        asked = list(plan.notify) or [(policy, "critical", None) for policy in plan.policies]
-        summary = "; ".join(plan.reasons) or ", ".join(plan.policies)
-        action = None
-        if plan.changes:
-            outcome = done.split(":", 1)[0].removeprefix("restart ").strip()
-            action = Action("tune", dict(plan.before), dict(plan.after), outcome)
-        applied = plan.mode == "act" and done.startswith("restart succeeded")
-        for policy, severity, sinks in asked:
-            alert = Alert(
-                severity="critical" if page else severity,  # type: ignore[arg-type]
-                status="firing",
-                title=f"{policy} on {plan.engine}",
-                summary=f"{summary}; what tunerd did: {done}",
-                engine=plan.engine,
-                host=self.host,
-                time=now,
-                policy=policy,
-                fingerprint=fingerprint(plan.engine, policy),
-                evidence={"signals": dict(plan.evidence)},
-                action=action,
-                undo=f"tunerd rollback {plan.engine}" if applied else None,
-            )
-            loop.notified[policy] = alert
-            self._send_alert(alert, sinks, plan.mode)
-
-    def _page_held(self, engine: str, reason: str) -> None:
-        """The engine is held (crash loop, spent budget): a critical alert to every sink."""
-        summary = f"{reason}; last-known-good is restarted with backoff (tunerd resume when fixed)"
-        self._page(engine, "hold", "critical", f"{engine} held: tuning stopped", summary)
-
-    def _page(self, engine: str, event: str, severity: Severity, title: str, summary: str) -> None:
-        """An alert about tunerd's own state of an engine (not a policy's): to every sink, with
-        ``tunerd resume`` as the undo."""
-        alert = Alert(
-            severity=severity,
-            status="firing",
-            title=title,
-            summary=summary,
-            engine=engine,
-            host=self.host,
-            time=self.clock.now(),
-            policy=event,
-            fingerprint=fingerprint(engine, event),
-            undo=f"tunerd resume {engine}",
-        )
-        self._send_alert(alert, None, "act")
-
-    def _send_alert(self, alert: Alert, sinks: tuple[str, ...] | None, mode: str) -> None:
-        """Hand ``alert`` to the dispatcher (never blocks) and record it in history: applied
+    def _send_alert(self, outgoing: Outgoing) -> None:
+        """Hand an alert to the dispatcher (never blocks) and record it in history: applied
         with the sinks it went to (what they answered is in the log, what could not be sent in
         the dead-letter file), or skipped when no sink takes it."""
-        sent = self.dispatcher.submit(alert, sinks) if self.dispatcher is not None else []
+        alert = outgoing.alert
+        sent = self.dispatcher.submit(alert, outgoing.sinks) if self.dispatcher is not None else []
         where = (
             f"sent to {', '.join(sent)}"
             if sent
@@ -992,7 +739,7 @@ class Daemon:
         self.state.record_action(
             engine=alert.engine,
             kind="notify",
-            mode=mode,
+            mode=outgoing.mode,
             outcome="applied" if sent else "skipped",
             reason=f"{alert.severity} {alert.status}: {alert.title}: {alert.summary} ({where})",
             now=alert.time,
@@ -1014,32 +761,5 @@ class Daemon:
             state = loop.policy_states.get(policy)
             if state is None or state.clear:
                 del loop.notified[policy]
-                summary = f"{policy} no longer holds on {loop.config.name}"
-                self._send_alert(alert.resolved(now, summary), None, self.config.mode)
-
-    def _propose(self, plan: ActionPlan, now: float) -> None:
-        """observe: record; advise: record the exact flag diff and how to apply it."""
-        diff = " ".join(settings_to_args({knob: after for knob, (_, after) in plan.changes.items()}))
-        engine = next(e for e in self.config.engines if e.name == plan.engine)
-        reason = "; ".join(plan.reasons)
-        if plan.mode == "advise":
-            flags = " ".join(engine_argv((), plan.after, engine.drain))
-            apply = (
-                f'TUNERD_ARGS="{flags}" in {self._env_path(engine)}, then systemctl restart {engine.unit}'
-                if engine.control == "systemd"
-                else " ".join([*engine.command, *settings_to_args(plan.after)])
-            )
-            reason = f"{reason}; proposed {diff}; to apply: {apply}"
-        self.state.record_action(
-            engine=plan.engine,
-            kind="tune",
-            mode=plan.mode,
-            outcome="proposed" if plan.mode == "advise" else "skipped",
-            reason=reason,
-            now=now,
-            policy=",".join(plan.policies),
-            from_settings=plan.before,
-            to_settings=plan.after,
-            evidence={"signals": dict(plan.evidence)},
-        )
-        self.say("tune_proposed", engine=plan.engine, mode=plan.mode, diff=diff)
+                summary = f"{policy} no longer holds on {loop.name}"
+                self._send_alert(Outgoing(alert.resolved(now, summary), None, self.mode))

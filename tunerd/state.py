@@ -20,8 +20,9 @@ Tables:
 A database written by an older tunerd gains the new columns when it is opened.
 - ``actions``: the history records of DESIGN §4.8, updated in place as a restart moves from
   ``applied`` to ``succeeded``/``failed``/``rolled_back``;
-- ``intents``: the step an in-flight restart has reached, so a restarted tunerd can finish or
-  undo it.
+- ``intents``: per engine, the saga in flight — its kind (first start, restart, rollback,
+  recovery), the step it has reached, the versions and the history record it moves, and a
+  note (why a rollback began) — so a restarted tunerd can finish or undo it.
 """
 
 from __future__ import annotations
@@ -100,13 +101,17 @@ CREATE TABLE IF NOT EXISTS intents (
     from_version INTEGER REFERENCES versions(id),
     to_version INTEGER REFERENCES versions(id),
     started REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'restart',
+    note TEXT
 );
 """
 #: columns added since the first release: (table, column, type), added to older databases
 _ADDED_COLUMNS = (
     ("versions", "command", "TEXT"),
     ("engines", "spawned_argv", "TEXT"),
+    ("intents", "kind", "TEXT NOT NULL DEFAULT 'restart'"),
+    ("intents", "note", "TEXT"),
 )
 
 
@@ -150,6 +155,8 @@ class Intent:
     to_version: int | None
     started: float
     updated: float
+    kind: str = "restart"  # first_start | restart | rollback | recover (tunerd.outcomes.SagaKind)
+    note: str | None = None
 
 
 class HostLock:
@@ -451,22 +458,12 @@ class State:
             "SELECT * FROM actions" + (" WHERE engine = ?" if engine else "") + " ORDER BY id DESC LIMIT ?"
         )
         rows = self._db.execute(query, ((engine, limit) if engine else (limit,))).fetchall()
-        return [
-            {
-                "id": row["id"],
-                "time": _iso(row["time"]),
-                "engine": row["engine"],
-                "policy": row["policy"],
-                "kind": row["kind"],
-                "mode": row["mode"],
-                "from_settings": json.loads(row["from_settings"]) if row["from_settings"] else None,
-                "to_settings": json.loads(row["to_settings"]) if row["to_settings"] else None,
-                "outcome": row["outcome"],
-                "reason": row["reason"],
-                "evidence": json.loads(row["evidence"]),
-            }
-            for row in rows
-        ]
+        return [_action(row) for row in rows]
+
+    def action(self, action_id: int) -> dict[str, Any] | None:
+        """One history record by its id."""
+        row = self._db.execute("SELECT * FROM actions WHERE id = ?", (action_id,)).fetchone()
+        return None if row is None else _action(row)
 
     def checkpoint(self) -> None:
         """Fold the write-ahead log into the database (it otherwise grows between automatic
@@ -545,13 +542,28 @@ class State:
         *,
         from_version: int | None,
         to_version: int | None,
+        kind: str = "restart",
+        note: str | None = None,
     ) -> None:
         with self.transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO intents (engine, action_id, step, from_version, to_version, "
-                "started, updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (engine, action_id, step, from_version, to_version, now, now),
+                "started, updated, kind, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (engine, action_id, step, from_version, to_version, now, now, kind, note),
             )
+
+    def retarget_intent(
+        self, engine: str, *, kind: str, step: str, to_version: int, note: str | None, now: float
+    ) -> None:
+        """The saga in flight turns into another (a failed restart into its rollback)."""
+        with self.transaction() as db:
+            changed = db.execute(
+                "UPDATE intents SET kind = ?, step = ?, to_version = ?, note = ?, updated = ? "
+                "WHERE engine = ?",
+                (kind, step, to_version, note, now, engine),
+            )
+            if changed.rowcount != 1:
+                raise StateError(f"no restart in flight for {engine}")
 
     def advance_intent(self, engine: str, step: str, now: float) -> None:
         with self.transaction() as db:
@@ -576,9 +588,31 @@ class State:
                 r["to_version"],
                 r["started"],
                 r["updated"],
+                r["kind"] if "kind" in r.keys() else "restart",  # noqa: SIM118 - a Row's `in` reads values
+                r["note"] if "note" in r.keys() else None,  # noqa: SIM118
             )
             for r in rows
         ]
+
+    def intent(self, engine: str) -> Intent | None:
+        """The saga in flight for ``engine``, or None."""
+        return next((intent for intent in self.intents() if intent.engine == engine), None)
+
+
+def _action(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "time": _iso(row["time"]),
+        "engine": row["engine"],
+        "policy": row["policy"],
+        "kind": row["kind"],
+        "mode": row["mode"],
+        "from_settings": json.loads(row["from_settings"]) if row["from_settings"] else None,
+        "to_settings": json.loads(row["to_settings"]) if row["to_settings"] else None,
+        "outcome": row["outcome"],
+        "reason": row["reason"],
+        "evidence": json.loads(row["evidence"]),
+    }
 
 
 def _version(row: sqlite3.Row) -> Version:

@@ -1,21 +1,29 @@
 """``tunerd status``: what the daemon knows, as DESIGN §4.8's JSON and as one screen. Pure.
 
-The daemon builds the JSON (:meth:`tunerd.daemon.Daemon.status`) from its engines, the latest
-GPU reading, the last ``/metrics`` scrape, its policy states and history; the status server
-hands it out; :func:`render` draws it for a person in at most 100 columns — colour only on a
-terminal and never with ``NO_COLOR`` set.
+The daemon gathers its engines' pieces — the latest GPU reading, the last ``/metrics`` scrape,
+policy states, history, the restart in flight — and :func:`engine_status` and
+:func:`status_document` make the JSON of them; the status server hands it out; :func:`render`
+draws it for a person in at most 100 columns — colour only on a terminal and never with
+``NO_COLOR`` set.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BILLS", "WIDTH", "bills", "engine_state", "render"]
+from tunerd.units import GIB
 
-GIB = 1 << 30
+if TYPE_CHECKING:  # types only: `tunerd status` renders without loading the policy engine
+    from tunerd.outcomes import Mode, Progress
+    from tunerd.policy.engine import PolicyState
+    from tunerd.signals import EngineMemory
+    from tunerd.sources.gpu import GpuSample
+
+__all__ = ["BILLS", "WIDTH", "bills", "engine_state", "engine_status", "render", "status_document"]
+
 WIDTH = 100
 #: the bar's parts, in order: key, label, glyph without colour, ANSI colour
 BILLS = (
@@ -65,6 +73,90 @@ def bills(
         "engine_other": other,
         "other_processes": other_processes,
         "free": free,
+    }
+
+
+def engine_status(
+    *,
+    name: str,
+    state: str,
+    generation: int,
+    settings: Mapping[str, Any],
+    pid: int | None,
+    healthy: bool,
+    last_known_good: Mapping[str, Any] | None,
+    paused: str | None,
+    pinned: bool,
+    held: bool,
+    weights: int | None,
+    kv_pool: int | None,
+    memory: EngineMemory | None,
+    free: int | None,
+    metrics: Mapping[str, Any] | None,
+    policies: Iterable[PolicyState],
+    restarts_in_window: int,
+    budget_left: int,
+    last_actions: Sequence[Mapping[str, Any]],
+    restart: Progress | None,
+) -> dict[str, Any]:
+    """One engine of ``tunerd status --json`` (DESIGN §4.8), and more: ``paused`` (why), ``pinned``
+    and ``restart`` — the saga in flight, its step, what it waits for and its deadline."""
+    return {
+        "name": name,
+        "state": state,
+        "generation": generation,
+        "settings": dict(settings),
+        "pid": pid,
+        "healthy": healthy,
+        "last_known_good": None if last_known_good is None else dict(last_known_good),
+        "paused": paused,
+        "pinned": pinned,
+        "restart": None if restart is None else restart.to_dict(),
+        "bills": bills(
+            weights=weights,
+            kv_pool=kv_pool,
+            engine_bytes=memory.engine_memory_bytes if memory else None,
+            other_processes=memory.other_processes_memory_bytes if memory else None,
+            free=free,
+        ),
+        "metrics": None if metrics is None else dict(metrics),
+        "policies": [
+            {
+                "name": policy.name,
+                "state": str(policy.state),
+                "since": policy.since,
+                "health": str(policy.health),
+                "last_error": policy.last_error,
+            }
+            for policy in policies
+        ],
+        "guards": {"restarts_in_window": restarts_in_window, "budget_left": budget_left, "held": held},
+        "last_actions": [
+            {key: action[key] for key in ("id", "time", "kind", "mode", "outcome", "policy", "reason")}
+            for action in last_actions
+        ],
+    }
+
+
+def status_document(
+    *, mode: Mode, now: float, gpus: Iterable[GpuSample], engines: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The whole of ``tunerd status --json``: the mode, the GPUs, each engine."""
+    return {
+        "mode": str(mode),
+        "time": now,
+        "gpus": [
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "name": gpu.name,
+                "used_bytes": gpu.memory_used_bytes,
+                "total_bytes": gpu.memory_total_bytes,
+                "free_bytes": gpu.memory_free_bytes,
+            }
+            for gpu in gpus
+        ],
+        "engines": list(engines),
     }
 
 
@@ -128,7 +220,31 @@ def _wrap(head: str, items: Sequence[str], width: int = WIDTH) -> list[str]:
 
 
 def _fit(line: str, width: int = WIDTH) -> str:
-    return line if len(line) <= width else line[: width - 1] + "…"
+    """``line`` in ``width`` columns: cut at the last space that leaves room for "…" (a word
+    is never cut in the middle, unless one word fills the line)."""
+    if len(line) <= width:
+        return line
+    cut = line.rfind(" ", 0, width - 1)
+    if cut <= len(line) - len(line.lstrip()) + 1:
+        cut = width - 1
+    return line[:cut].rstrip(" ·—;,") + "…"
+
+
+def _shown(value: Any) -> str:
+    """A setting's value for people: never ``None`` (that is vLLM's default)."""
+    if value is None:
+        return "default"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _until(deadline: Any, now: Any) -> str:
+    """When a step gives up: the clock time and how far off."""
+    if not isinstance(deadline, (int, float)):
+        return ""
+    left = f" (in {max(0.0, deadline - now):.0f} s)" if isinstance(now, (int, float)) else ""
+    return f" · gives up at {_when(deadline)}{left}"
 
 
 def _percent(value: Any) -> str:
@@ -153,14 +269,39 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
         lines.append("")
         health = "healthy" if engine.get("healthy") else "not answering"
         lkg = " (last-known-good)" if engine.get("settings") == engine.get("last_known_good") else ""
+        flags = "".join(
+            f"  {flag}"
+            for flag, on in (
+                ("HELD", (engine.get("guards") or {}).get("held")),
+                ("PINNED", engine.get("pinned")),
+                ("PAUSED", engine.get("paused")),
+            )
+            if on
+        )
         lines.append(
             _fit(
-                f"{engine['name']}  {engine.get('state')}  generation {engine.get('generation')}  "
-                f"pid {engine.get('pid') or '-'}  {health}{lkg}"
+                f"{engine['name']}  {engine.get('state') or '?'}{flags}  "
+                f"generation {engine.get('generation', '?')}  pid {engine.get('pid') or '-'}  {health}{lkg}"
             )
         )
+        restart = engine.get("restart")
+        if restart:
+            detail = f" · {restart['detail']}" if restart.get("detail") else ""
+            lines += _wrap(
+                "  restart   ",
+                [
+                    f"{str(restart.get('kind', '?')).replace('_', ' ')} · {restart.get('step', '?')}{detail}"
+                    f"{_until(restart.get('deadline'), status.get('time'))}"
+                ],
+            )
+        if engine.get("paused"):
+            lines += _wrap("  paused    ", [str(engine["paused"])])
+        if engine.get("pinned"):
+            lines.append("  pinned    settings frozen by a person (tunerd resume to unpin)")
         settings = engine.get("settings") or {}
-        lines += _wrap("  settings  ", [f"{key} {value}" for key, value in settings.items()] or ["none"])
+        lines += _wrap(
+            "  settings  ", [f"{key} {_shown(value)}" for key, value in settings.items()] or ["none"]
+        )
         parts = engine.get("bills") or {}
         lines.append("  memory    " + _bar(parts, WIDTH - 14, color))
         legend = " · ".join(f"{glyph} {label} {_number(parts.get(key))}" for key, label, glyph, _ in BILLS)
@@ -177,7 +318,11 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
         shown = [
             f"{p['name']} {p['state']}"
             + (f" since {_when(p.get('since'))}" if p.get("state") != "inactive" and p.get("since") else "")
-            + ("" if p.get("health") == "ok" else f" ({p.get('health')}: {p.get('last_error')})")
+            + (
+                ""
+                if p.get("health") == "ok"
+                else f" ({p.get('health')}: {p.get('last_error') or 'no detail'})"
+            )
             for p in policies
         ]
         lines += _wrap("  policies  ", shown or ["none"])
@@ -194,10 +339,11 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
         for index, action in enumerate(actions[:3]):
             head = "  actions   " if index == 0 else "            "
             policy = f" ({action['policy']})" if action.get("policy") else ""
+            reason = f" — {action['reason']}" if action.get("reason") else ""
             lines.append(
                 _fit(
-                    f"{head}{_when(action.get('time'))} {action.get('kind')} {action.get('outcome')}"
-                    f"{policy} — {action.get('reason')}"
+                    f"{head}{_when(action.get('time'))} {action.get('kind', '?')} "
+                    f"{action.get('outcome', '?')}{policy}{reason}"
                 )
             )
     return "\n".join(lines) + "\n"

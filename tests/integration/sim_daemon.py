@@ -146,6 +146,29 @@ def kill_recorded_engine(state_dir: Path, engine: str = "main") -> None:
             os.killpg(record.pid, signal.SIGKILL)
 
 
+def settle(daemon: Daemon, timeout: float = 60) -> Daemon:
+    """Advance the daemon's restarts in flight until none is left, as its ``sagas`` job does
+    (for the tests that drive the daemon without its jobs)."""
+    deadline = time.monotonic() + timeout
+    while daemon.in_flight():
+        assert time.monotonic() < deadline, f"restarts still in flight: {daemon.in_flight()}"
+        daemon.advance_sagas()
+        time.sleep(0.05)
+    return daemon
+
+
+def started(daemon: Daemon, timeout: float = 60) -> Daemon:
+    """``daemon.start()`` and its engines' starts carried out."""
+    daemon.start()
+    return settle(daemon, timeout)
+
+
+def ticked(daemon: Daemon, timeout: float = 60) -> Daemon:
+    """One tick and the restart it began carried out."""
+    daemon.tick()
+    return settle(daemon, timeout)
+
+
 def close_daemon(daemon: Daemon, kill: bool) -> None:
     """Close the daemon; with ``kill``, end its engine too (engines outlive tunerd by design)."""
     record = daemon.state.engine("main")
@@ -157,13 +180,13 @@ def close_daemon(daemon: Daemon, kill: bool) -> None:
 
 @contextlib.contextmanager
 def running(daemon: Daemon, prepare: Callable[[], object] | None = None) -> Iterator[Daemon]:
-    """The daemon as `tunerd run` runs it: started, ``prepare`` done (on this thread, before any
-    job runs), then its jobs on a thread until the block ends, the first tick awaited (at most
-    10 s); then stopped, closed, and its engine killed."""
+    """The daemon as `tunerd run` runs it: started (its engines' starts carried out), ``prepare``
+    done (on this thread, before any job runs), then its jobs on a thread until the block ends,
+    the first tick awaited (at most 10 s); then stopped, closed, and its engine killed."""
     stop = threading.Event()
     runner = threading.Thread(target=daemon.run, args=(stop,))
     try:
-        daemon.start()
+        started(daemon)
         if prepare is not None:
             prepare()
         runner.start()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.sim_daemon import BEFORE, CountingGpu, close_daemon, running, sim_daemon
+from tests.integration.sim_daemon import BEFORE, CountingGpu, close_daemon, running, sim_daemon, started
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 
@@ -106,12 +106,20 @@ def test_a_dead_engine_brings_the_tick_forward(tmp_path: Path) -> None:
         killed_at = time.monotonic()
         os.killpg(daemon.engines[0].supervisor.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
         deadline = killed_at + 15
-        while not any(e["event"] == "engine_recovered" for e in said) and time.monotonic() < deadline:
+
+        def after(event: str) -> list[dict[str, Any]]:
+            return [e for e in said if e["event"] == event and e["at"] >= killed_at]
+
+        while not after("restart_finished") and time.monotonic() < deadline:
             time.sleep(0.05)
         crash = next(e for e in said if e["event"] == "engine_crash")
         assert crash["at"] - killed_at < 2.0  # sampled every 0.25 s; the tick is 30 s
         recovered = next(e for e in said if e["event"] == "engine_recovered")
-        assert recovered["outcome"] == "restarted after unknown", recovered
+        assert recovered["response"] == "restarting", recovered
+        assert recovered["outcome"] == "restarting after unknown with the same settings"
+        [finished] = after("restart_finished")
+        assert (finished["kind"], finished["outcome"]) == ("recover", "succeeded"), finished
+        assert finished["at"] - killed_at < 10.0  # advanced by the sagas job, not the 30 s tick
 
 
 def test_a_reload_that_changes_the_interval_reschedules_the_tick_and_resizes_the_store(
@@ -148,7 +156,7 @@ def test_the_engines_warnings_and_errors_are_passed_into_tunerds_log(tmp_path: P
     refused = {**BEFORE, "gpu_memory_utilization": 0.5, "max_model_len": 131072}
     daemon = sim_daemon(tmp_path, settings=refused, said=said, gpu=CountingGpu())
     try:
-        daemon.start()
+        started(daemon)
     finally:
         close_daemon(daemon, kill=True)
     passed = [e for e in said if e["event"] == "engine_log"]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.sim_daemon import BEFORE, close_daemon, sim_daemon
+from tests.integration.sim_daemon import BEFORE, close_daemon, sim_daemon, started, ticked
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +41,9 @@ def test_a_failing_pre_stop_aborts_the_restart_and_pages(tmp_path: Path) -> None
         hooks={"pre_stop": refuse},
     )
     try:
-        daemon.start()
+        started(daemon)
         pid = daemon.state.engine("main").pid
-        daemon.tick()
+        ticked(daemon)
         alert, tune = daemon.state.history(limit=2)
         assert (tune["kind"], tune["outcome"], tune["policy"]) == ("tune", "failed", "fewer-seqs")
         assert "pre_stop hook failed (exit 4 in" in tune["reason"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.sim_daemon import close_daemon, sim_daemon
+from tests.integration.sim_daemon import close_daemon, sim_daemon, started
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ def test_a_large_engine_log_is_copied_aside_and_the_engine_writes_on(tmp_path: P
     daemon = sim_daemon(tmp_path)
     daemon.say = lambda event, **fields: said.append((event, fields))
     try:
-        daemon.start()
+        started(daemon)
         log = tmp_path / "state" / "engines" / "main.log"
         size = log.stat().st_size
         assert size > 1000  # the start-up lines

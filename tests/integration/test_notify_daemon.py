@@ -23,6 +23,8 @@ from tests.integration.sim_daemon import (
     running,
     sim_command,
     sim_daemon,
+    started,
+    ticked,
 )
 
 pytestmark = pytest.mark.slow
@@ -50,9 +52,9 @@ def test_an_alert_goes_out_and_its_resolve_follows_when_the_condition_clears(tmp
             said=said,
         )
         try:
-            daemon.start()
+            started(daemon)
             daemon._start_sampling()  # the dispatcher's lanes start with the jobs
-            daemon.tick()
+            ticked(daemon)
             [firing] = slack.wait_for(1)
             assert firing.json()["text"].startswith("tunerd warning: engine-is-up on main")
             pid = daemon.engines[0].supervisor.process.pid  # type: ignore[union-attr]
@@ -60,7 +62,7 @@ def test_an_alert_goes_out_and_its_resolve_follows_when_the_condition_clears(tmp
             deadline = time.monotonic() + 10
             while daemon.engines[0].supervisor.process.alive() and time.monotonic() < deadline:  # type: ignore[union-attr]
                 time.sleep(0.05)
-            daemon.tick()  # engine_up 0: the condition no longer holds
+            ticked(daemon)  # engine_up 0: the condition no longer holds
             got = slack.wait_for(2)
             notes = [h for h in daemon.state.history(limit=50) if h["kind"] == "notify"]
         finally:
@@ -94,12 +96,12 @@ def test_a_sink_hanging_for_30_s_does_not_move_the_sampling_or_the_ticks(tmp_pat
         stop = threading.Event()
         runner = threading.Thread(target=daemon.run, args=(stop,))
         try:
-            daemon.start()
+            started(daemon)
             runner.start()
             hanging.wait_for(1)  # the lane is now stuck in a send of 30 s
-            started, ticks = time.monotonic(), daemon.ticks
+            since, ticks = time.monotonic(), daemon.ticks
             time.sleep(4.0)
-            reads = [at for at in gpu.reads if at >= started]
+            reads = [at for at in gpu.reads if at >= since]
             tick_count = daemon.ticks - ticks
         finally:
             stop.set()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cli import run_tunerd as _tunerd
-from tests.integration.sim_daemon import BEFORE, close_daemon, free_port, running, sim_daemon
+from tests.integration.sim_daemon import BEFORE, close_daemon, free_port, running, sim_daemon, started, ticked
 from tunerd.engine.guards import may_change
 from tunerd.engine.process import find_listener
 
@@ -27,7 +27,7 @@ def test_rollback_undoes_the_last_change_and_pauses_tuning(tmp_path: Path) -> No
     state_dir = str(tmp_path / "state")
     daemon = sim_daemon(tmp_path)
     try:
-        daemon.start()
+        started(daemon)
         nothing = _tunerd("rollback", "main", "--state-dir", state_dir)
         assert nothing.returncode == 2
         assert "nothing to roll back" in nothing.stderr
@@ -39,7 +39,7 @@ def test_rollback_undoes_the_last_change_and_pauses_tuning(tmp_path: Path) -> No
         assert asked.returncode == 0, asked.stderr
         assert "--max-num-seqs 8" in asked.stdout
         assert "tuning paused" in asked.stdout
-        daemon.tick()  # the daemon finds the request and carries it out
+        ticked(daemon)  # the daemon finds the request and carries it out
 
         assert supervisor.running_settings() == BEFORE
         assert supervisor.process is not None
@@ -57,7 +57,7 @@ def test_rollback_undoes_the_last_change_and_pauses_tuning(tmp_path: Path) -> No
         assert (rollback["from_settings"], rollback["to_settings"]) == (AFTER, BEFORE)
         assert "latency doubled" in rollback["reason"]
         assert rollback["evidence"]["undoes"] == tuned.action_id
-        daemon.tick()
+        ticked(daemon)
         assert daemon.state.history(limit=1)[0]["id"] == rollback["id"]  # carried out once
         shown = _tunerd("history", "--state-dir", state_dir).stdout
         assert (
@@ -71,14 +71,14 @@ def test_rollback_undoes_the_last_change_and_pauses_tuning(tmp_path: Path) -> No
 def test_settings_a_person_wrote_in_the_config_win_and_tuning_pauses(tmp_path: Path) -> None:
     port = free_port()
     first = sim_daemon(tmp_path, port)
-    first.start()
+    started(first)
     old_pid = first.state.engine("main").pid
     close_daemon(first, kill=False)  # tunerd stops; the engine serves on
 
     mine = {**BEFORE, "max_num_seqs": 4}
     second = sim_daemon(tmp_path, port, settings=mine)  # a person edited tunerd.yaml
     try:
-        second.start()
+        started(second)
         supervisor = second.engines[0].supervisor
         assert supervisor.running_settings() == mine
         assert supervisor.process is not None
@@ -98,7 +98,7 @@ def test_settings_a_person_wrote_in_the_config_win_and_tuning_pauses(tmp_path: P
 
     third = sim_daemon(tmp_path, port, settings=mine)  # the same config again: nothing to adopt
     try:
-        third.start()
+        started(third)
         assert third.engines[0].supervisor.process.pid == pid
         assert third.state.history(limit=1)[0]["kind"] == "notify"  # no new record
     finally:
@@ -111,7 +111,7 @@ def test_an_engine_a_person_started_by_hand_is_adopted_not_replaced(tmp_path: Pa
     new base, tuning pauses, an alert says so — and nothing is restarted."""
     port = free_port()
     first = sim_daemon(tmp_path, port)
-    first.start()
+    started(first)
     close_daemon(first, kill=True)
 
     theirs = {**BEFORE, "max_num_seqs": 4}
@@ -132,7 +132,7 @@ def test_an_engine_a_person_started_by_hand_is_adopted_not_replaced(tmp_path: Pa
         deadline = time.monotonic() + 30
         while find_listener(port) is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        second.start()
+        started(second)
         supervisor = second.engines[0].supervisor
         assert supervisor.process is not None
         assert supervisor.process.pid == by_hand.pid
@@ -195,14 +195,14 @@ def test_a_command_changed_in_the_config_is_a_persons_change(tmp_path: Path) -> 
     nothing else is."""
     port = free_port()
     first = sim_daemon(tmp_path, port)
-    first.start()
+    started(first)
     old_pid = first.state.engine("main").pid
     assert first.state.base("main").command == first.config.engines[0].command
     close_daemon(first, kill=False)
 
     second = sim_daemon(tmp_path, port, command=[*first.config.engines[0].command, "--seed", "7"])
     try:
-        second.start()
+        started(second)
         supervisor = second.engines[0].supervisor
         assert supervisor.process is not None
         assert supervisor.process.pid != old_pid
@@ -221,7 +221,7 @@ def test_in_advise_mode_a_persons_config_waits_for_the_engines_next_start(tmp_pa
     next time tunerd has to start the engine, it starts it with them."""
     port = free_port()
     first = sim_daemon(tmp_path, port, top={"mode": "advise"})
-    first.start()
+    started(first)
     pid = first.state.engine("main").pid
     assert first.state.history()[0]["mode"] == "advise"  # the first start, in the mode in force
     close_daemon(first, kill=False)
@@ -229,7 +229,7 @@ def test_in_advise_mode_a_persons_config_waits_for_the_engines_next_start(tmp_pa
     mine = {**BEFORE, "max_num_seqs": 4}
     second = sim_daemon(tmp_path, port, settings=mine, top={"mode": "advise"})
     try:
-        second.start()
+        started(second)
         assert second.engines[0].supervisor.process.pid == pid  # not restarted
         assert second.engines[0].supervisor.running_settings() == BEFORE
         notify, adopt = second.state.history(limit=2)
@@ -242,7 +242,7 @@ def test_in_advise_mode_a_persons_config_waits_for_the_engines_next_start(tmp_pa
 
     third = sim_daemon(tmp_path, port, settings=mine, top={"mode": "advise"})
     try:
-        third.start()  # nothing runs: tunerd starts the engine, with the person's settings
+        started(third)  # nothing runs: tunerd starts the engine, with the person's settings
         supervisor = third.engines[0].supervisor
         assert supervisor.running_settings() == mine
         assert "--max-num-seqs 4" in " ".join(supervisor.process.identity.argv)

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -20,7 +20,8 @@ import pytest
 from tunerd.engine.args import settings_from_argv
 from tunerd.engine.guards import GuardConfig
 from tunerd.engine.process import read_identity
-from tunerd.engine.saga import EngineSpec, Supervisor
+from tunerd.engine.saga import CrashHandled, EngineSpec, Supervisor
+from tunerd.outcomes import CrashResponse, Outcome, SagaKind, SagaResult
 from tunerd.state import State
 
 pytestmark = pytest.mark.slow
@@ -155,7 +156,10 @@ def test_a_start_waits_for_the_gpu_memory_its_settings_need(world: tuple[EngineS
     )
     failed = stuck.start_initial(SEED_SETTINGS)
     assert failed.outcome == "failed"
-    assert failed.reason == "GPU memory still short after 1 s: GPU 0: a neighbour holds 20 GiB"
+    assert (
+        failed.reason
+        == "first start failed: GPU memory still short after 1 s: GPU 0: a neighbour holds 20 GiB"
+    )
     assert stuck.process is None
 
 
@@ -243,7 +247,8 @@ DRIVER = """
 import json, os, signal, sys
 from pathlib import Path
 from tunerd.engine.guards import GuardConfig
-from tunerd.engine.saga import EngineSpec, Supervisor
+from tunerd.engine.saga import CrashHandled, EngineSpec, Supervisor
+from tunerd.outcomes import CrashResponse, Outcome, SagaKind, SagaResult
 from tunerd.state import State
 spec_json, state_dir, die_at, settings = sys.argv[1:5]
 raw = json.loads(spec_json)
@@ -286,7 +291,10 @@ def test_tunerd_killed_at_each_step_of_a_restart(
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     [intent] = state.intents()  # the kill left a restart in flight
 
-    outcome = Supervisor(spec, state, guards=NO_SETTLE).reconcile()  # the next tunerd
+    next_tunerd = Supervisor(spec, state, guards=NO_SETTLE)
+    outcome = next_tunerd.reconcile()
+    if next_tunerd.in_flight():
+        outcome = next_tunerd.run_to_end()
 
     assert state.intents() == []
     history = state.history()
@@ -304,6 +312,21 @@ def test_tunerd_killed_at_each_step_of_a_restart(
         assert record.running == record.last_known_good == intent.to_version
 
 
+def _until(supervisor: Supervisor, seconds: float, done: Callable[[list[object]], bool]) -> list[object]:
+    """What the supervisor did, look after look, as the daemon's loop asks it: a dead engine's
+    ``check`` and the restart in flight's ``advance``; until ``done`` or ``seconds``."""
+    seen: list[object] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not done(seen):
+        if supervisor.in_flight():
+            if (result := supervisor.advance()) is not None:
+                seen.append(result)
+        elif (handled := supervisor.check()) is not None and handled.response is not CrashResponse.WAITING:
+            seen.append(handled)
+        time.sleep(0.05)
+    return seen
+
+
 def test_a_crash_loop_holds_the_engine_without_a_restart_storm(tmp_path: Path) -> None:
     port = _free_port()
     base = _spec(tmp_path, port)
@@ -315,14 +338,23 @@ def test_a_crash_loop_holds_the_engine_without_a_restart_storm(tmp_path: Path) -
     supervisor = Supervisor(spec, state, guards=guards, on_held=paged.append)
     try:
         assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
-        said: list[str] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (said and said[-1].startswith("held")):
-            if (what := supervisor.check()) is not None:
-                said.append(what)
-            time.sleep(0.1)
-        assert said[0] == "restarted after cuda_oom"  # a first crash: same settings again
-        assert said[-1].startswith("held (crash loop)")  # the same settings crashed again
+
+        def held(seen: list[object]) -> bool:
+            return bool(seen) and getattr(seen[-1], "response", None) is CrashResponse.HELD
+
+        seen = _until(supervisor, 60, held)
+        first, restarted = seen[0], seen[1]
+        assert isinstance(first, CrashHandled)
+        assert first.response is CrashResponse.RESTARTING  # a first crash: the same settings again
+        assert first.reason == "restarting after cuda_oom with the same settings"
+        assert isinstance(restarted, SagaResult)
+        assert (restarted.kind, restarted.outcome, restarted.crash) == (
+            SagaKind.RECOVER,
+            Outcome.SUCCEEDED,
+            "cuda_oom",
+        )
+        assert restarted.text() == "restarted after cuda_oom with the same settings"
+        assert seen[-1].reason.startswith("held (crash loop)")  # the same settings crashed again
         [page] = paged  # the daemon turns it into a critical alert
         assert page.startswith("crash loop after cuda_oom (")
         assert page.endswith("): tuning stopped")
@@ -335,7 +367,10 @@ def test_a_crash_loop_holds_the_engine_without_a_restart_storm(tmp_path: Path) -
         assert state.history()[1]["evidence"]["crash"]["kind"] == "cuda_oom"
         # Held: backoff (60 s) before last-known-good is tried again; no storm meanwhile.
         for _ in range(20):
-            assert supervisor.check() is None
+            handled = supervisor.check()
+            assert handled is not None
+            assert handled.response is CrashResponse.WAITING
+            assert not supervisor.in_flight()
             time.sleep(0.05)
         assert len(state.history()) == len(kinds)
         # and tuning is refused while held
@@ -363,12 +398,14 @@ def test_a_pinned_engine_that_crashes_restarts_with_its_own_settings(tmp_path: P
         assert supervisor.start_initial(SEED_SETTINGS).outcome == "succeeded"
         state.set_flags("main", pinned=True)
         lower = {**SEED_SETTINGS, "gpu_memory_utilization": 0.89}
-        said = None
+        handled = None
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and said is None:
-            said = supervisor.check(lower, reason="oom: gpu_memory_utilization 0.92 → 0.89", policy="oom")
+        while time.monotonic() < deadline and handled is None:
+            handled = supervisor.check(lower, reason="oom: gpu_memory_utilization 0.92 → 0.89", policy="oom")
             time.sleep(0.1)
-        assert said == "restarted after cuda_oom"
+        assert handled is not None
+        assert handled.response is CrashResponse.RESTARTING
+        assert supervisor.run_to_end().outcome == "succeeded"
         assert supervisor.running_settings() == SEED_SETTINGS
         assert [h["kind"] for h in state.history()] == ["restart", "restart"]  # no tune, not even skipped
     finally:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.sim_daemon import free_port, sim_command
+from tests.integration.sim_daemon import free_port, sim_command, started, ticked
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 from tunerd.sim.load import LoadOptions, run_load
@@ -94,7 +94,7 @@ class Card:
 def card(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Card]:
     made = Card(tmp_path, request.param)
     try:
-        made.daemon.start()
+        started(made.daemon)
         yield made
     finally:
         made.close()
@@ -127,7 +127,7 @@ def test_each_engine_sees_the_other_and_an_overbooking_raise_is_refused(card: Ca
     assert engines <= pids  # one card: embed's simulator lists chat's process too
     chat_pid = card.daemon.state.engine("chat").pid  # type: ignore[union-attr]
 
-    card.daemon.tick()
+    ticked(card.daemon)
 
     refused = card.history("chat")[0]
     assert (refused["kind"], refused["outcome"]) == ("tune", "skipped"), refused
@@ -139,7 +139,10 @@ def test_each_engine_sees_the_other_and_an_overbooking_raise_is_refused(card: Ca
 @pytest.mark.parametrize("card", [SHRINK_BOTH], indirect=True)
 def test_two_restarts_asked_for_at_once_never_overlap(card: Card) -> None:
     card.said.clear()  # the first starts said their steps too
-    card.daemon.tick()  # both engines' policy fires in this one tick
+    ticked(card.daemon)  # both engines' policy fires in this one tick: one restarts, one waits
+    waiting = [loop.name for loop in card.daemon.engines if loop.waiting is not None]
+    assert len(waiting) == 1
+    ticked(card.daemon)  # the GPU is free again: the waiting plan goes ahead
 
     for name in ENGINES:
         tune = next(h for h in card.history(name) if h["kind"] == "tune")
@@ -153,7 +156,7 @@ def test_two_restarts_asked_for_at_once_never_overlap(card: Card) -> None:
     assert firsts
     assert seconds
     assert max(firsts) < min(seconds), steps
-    done = [e for e in card.said if e["event"] == "engine_tuned"]
+    done = [e for e in card.said if e["event"] == "restart_finished"]
     assert [e["engine"] for e in done] == [first, next(n for n in ENGINES if n != first)]
     assert card.said.index(done[0]) < next(
         i for i, e in enumerate(card.said) if e["event"] == "restart_step" and e["engine"] != first
@@ -216,7 +219,7 @@ def test_two_engines_on_two_gpus_keep_their_own_policy_states_guards_and_history
     )
     daemon = Daemon(load_config(config), say=lambda *a, **k: None)
     try:
-        daemon.start()
+        started(daemon)
         options = LoadOptions(
             f"http://127.0.0.1:{ports['chat']}",
             concurrency=12,
@@ -229,10 +232,10 @@ def test_two_engines_on_two_gpus_keep_their_own_policy_states_guards_and_history
         while time.monotonic() < deadline and not any(
             h["kind"] == "tune" for h in daemon.state.history(engine="chat")
         ):
-            daemon.tick()
+            ticked(daemon)
             time.sleep(0.2)
         for _ in range(5):
-            daemon.tick()  # embed goes on being watched after chat's restart
+            ticked(daemon)  # embed goes on being watched after chat's restart
         daemon.publish()
         status = {engine["name"]: engine for engine in (daemon.published or {})["engines"]}
 

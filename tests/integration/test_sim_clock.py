@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.sim_daemon import close_daemon, free_port, sim_command, sim_daemon
+from tests.integration.sim_daemon import close_daemon, free_port, sim_command, sim_daemon, started
 from tunerd.sources.sim_clock import SimulatorClock
 
 pytestmark = pytest.mark.slow
@@ -103,8 +103,8 @@ def test_a_policys_for_plays_out_in_simulated_time(tmp_path: Path) -> None:
     stop = threading.Event()
     runner = threading.Thread(target=daemon.run, args=(stop,))
     try:
-        daemon.start()
-        started = daemon.state.history()[0]["time"]  # the first start, at wall speed
+        started(daemon)
+        first = daemon.state.history()[0]["time"]  # the first start, at wall speed
         wall = time.monotonic()
         runner.start()
         deadline = wall + 30
@@ -116,7 +116,7 @@ def test_a_policys_for_plays_out_in_simulated_time(tmp_path: Path) -> None:
         assert elapsed < 20  # two minutes of wall time with the system clock
         notify = next(h for h in daemon.state.history() if h["kind"] == "notify")
         assert notify["policy"] == "up-two-minutes"
-        assert _seconds(notify["time"]) - _seconds(started) >= 120
+        assert _seconds(notify["time"]) - _seconds(first) >= 120
     finally:
         stop.set()
         if runner.is_alive():

@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.sim_daemon import free_port, sim_command
+from tests.integration.sim_daemon import free_port, sim_command, started, ticked
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 from tunerd.engine.args import engine_argv, settings_from_argv
@@ -142,7 +143,7 @@ def _saturate(box: Box, daemon: Daemon, seconds: float) -> dict[str, object]:
     threading.Thread(target=run_load, args=(options,), daemon=True).start()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        daemon.tick()
+        ticked(daemon)
         tunes = [h for h in daemon.state.history(limit=20) if h["kind"] == "tune"]
         if tunes:
             return tunes[0]
@@ -154,7 +155,7 @@ def test_saturation_rewrites_the_env_file_and_restarts_the_unit_once(saturation_
     box = saturation_box
     daemon = box.daemon()
     try:
-        daemon.start()  # the first start is the unit's: env file, then systemctl restart
+        started(daemon)  # the first start is the unit's: env file, then systemctl restart
         assert box.env_flags() == engine_argv((), SETTINGS, 30)
         first_pid = box.main_pid()
         calls_before = len(box.calls())
@@ -195,7 +196,7 @@ def test_a_start_failure_restores_the_env_file_and_restarts_the_unit(saturation_
     box = saturation_box
     daemon = box.daemon()
     try:
-        daemon.start()
+        started(daemon)
         before = box.env_path.read_text()
         good_pid = box.main_pid()
         calls_before = len(box.calls())
@@ -223,14 +224,14 @@ def test_a_start_failure_restores_the_env_file_and_restarts_the_unit(saturation_
 def test_a_new_tunerd_adopts_the_units_engine_and_a_crash_restarts_the_unit(saturation_box: Box) -> None:
     box = saturation_box
     first = box.daemon()
-    first.start()
+    started(first)
     pid = box.main_pid()
     first.close()
     calls_before = len(box.calls())
 
     daemon = box.daemon()
     try:
-        daemon.start()
+        started(daemon)
         assert [c for c in box.calls()[calls_before:] if not c.startswith("systemctl show")] == []
         assert daemon.engines[0].supervisor.process is not None
         assert daemon.engines[0].supervisor.process.pid == pid
@@ -238,7 +239,7 @@ def test_a_new_tunerd_adopts_the_units_engine_and_a_crash_restarts_the_unit(satu
         os.kill(pid, signal.SIGKILL)  # the engine dies under the unit
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and box.main_pid() in (0, pid):
-            daemon.tick()
+            ticked(daemon)
             time.sleep(0.1)
         assert box.main_pid() not in (0, pid)
         restarts = [c for c in box.calls()[calls_before:] if not c.startswith("systemctl show")]
@@ -260,7 +261,7 @@ def test_a_unit_that_would_undo_the_drain_is_called_out_at_start(saturation_box:
     said: list[dict[str, object]] = []
     daemon = box.daemon(said)
     try:
-        daemon.start()
+        started(daemon)
         problems = [str(e["problem"]) for e in said if e["event"] == "unit_problem"]
         assert problems == [
             f"{UNIT}: KillMode=control-group signals vLLM's engine core directly and aborts the drain; "
@@ -282,7 +283,7 @@ def test_an_env_file_written_before_a_restart_that_never_came_is_not_the_new_eng
     box = saturation_box
     daemon = box.daemon()
     try:
-        daemon.start()
+        started(daemon)
         runner = daemon.engines[0].supervisor.runner
         assert isinstance(runner, SystemdRunner)
         new = engine_argv((), {**SETTINGS, "max_num_seqs": 9}, 30)
@@ -296,5 +297,55 @@ def test_an_env_file_written_before_a_restart_that_never_came_is_not_the_new_eng
             found.close()
         finally:
             engine.close()
+    finally:
+        daemon.close()
+
+
+def test_a_persons_systemctl_restart_is_not_a_crash(saturation_box: Box) -> None:
+    """A person runs `systemctl restart` on the engine's unit: the old main process exits and a
+    new invocation starts. tunerd records a person's restart (adopting the new engine), not a
+    crash: no crash event, no restart of its own, nothing toward the crash loop or the budget."""
+    box = saturation_box
+    said: list[dict[str, object]] = []
+    daemon = box.daemon(said)
+    try:
+        started(daemon)
+        old_pid = box.main_pid()
+        calls_before = len(box.calls())
+        person = subprocess.run(
+            [str(STANDIN / "systemctl"), "restart", UNIT],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert person.returncode == 0, person.stderr
+        new_pid = box.main_pid()
+        assert new_pid not in (0, old_pid)
+        deadline = time.monotonic() + 20
+        supervisor = daemon.engines[0].supervisor
+        while time.monotonic() < deadline and (
+            supervisor.process is None or supervisor.process.pid != new_pid
+        ):
+            ticked(daemon)
+            time.sleep(0.1)
+        assert supervisor.process is not None
+        assert supervisor.process.pid == new_pid
+        for _ in range(5):
+            ticked(daemon)
+        history = daemon.state.history(limit=10)
+        adopt = history[0]
+        assert (adopt["kind"], adopt["outcome"]) == ("adopt", "succeeded"), history
+        assert adopt["reason"].startswith(
+            f"restarted by a person through its manager (pid {old_pid} → {new_pid})"
+        )
+        assert "crash" not in adopt["evidence"]
+        assert [e for e in said if e["event"] == "engine_crash"] == []
+        assert daemon.state.crashes("main", since=0) == []
+        tunerds = [c for c in box.calls()[calls_before:] if not c.startswith("systemctl show")]
+        assert tunerds == [f"systemctl restart {UNIT}"]  # the person's only
+        assert daemon.state.engine("main").pid == new_pid  # type: ignore[union-attr]
+        assert supervisor.facts().restarts == daemon.state.restart_times("main", 0)  # the first start only
+        assert len(supervisor.facts().restarts) == 1
     finally:
         daemon.close()

@@ -12,8 +12,10 @@ that very engine, silently."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.cli import VENV_BIN, TunerdRun
+from tests.integration.cli import VENV_BIN, TunerdRun, run_tunerd
 from tests.integration.sim_daemon import free_port
 from tunerd.state import State, StateError
 
@@ -151,3 +153,125 @@ def test_a_console_script_engine_is_left_alone_when_no_policy_fires(tmp_path: Pa
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+FEWER_SEQS = {
+    "version": 1,
+    "policies": [
+        {
+            "name": "fewer-seqs",
+            "description": "an idle engine: fewer sequences (a test policy that fires at once)",
+            "when": {"metric": "num_requests_running", "below": 1},
+            "then": [{"tune": {"max_num_seqs": "step_down"}}, {"restart": {"drain": "0s"}}],
+            "cooldown": "1h",
+        }
+    ],
+}
+
+
+def _engines(port: int) -> set[int]:
+    """The simulated engines serving ``port`` that lead their own session, as tunerd starts
+    them (the console script shows as `python …/bin/tunerd sim serve … --port N`)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if b"serve" in argv and str(port).encode() in argv and int(stat[3]) == int(entry.name):
+                found.add(int(entry.name))
+    return found
+
+
+def test_status_answers_through_a_restart_and_sigterm_leaves_it_to_the_next_tunerd(tmp_path: Path) -> None:
+    """A restart that a policy asks for reaches probation (20 s). Meanwhile `tunerd status
+    --json` answers within a second, every second, with the step and its deadline. SIGTERM
+    then: STOPPING=1, tunerd gone within 10 s, no engine spawned after it, the restart left in
+    the state; the next tunerd finishes it — the same engine, promoted."""
+    port = free_port()
+    state_dir, sock = tmp_path / "state", tmp_path / "tunerd.sock"
+    policies = tmp_path / "policies.yaml"
+    policies.write_text(yaml.safe_dump(FEWER_SEQS))
+    config = _config(tmp_path, port, "act")
+    data = yaml.safe_load(config.read_text())
+    data["policies"] = [str(policies)]
+    data["clock"] = {"source": "system"}
+    data["engines"][0]["probation"] = "20s"
+    data["guards"] = {"settle": "0s"}  # the policy fires right after the first start
+    config.write_text(yaml.safe_dump(data))
+    notify = tmp_path / "notify"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify))
+    env = {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "NOTIFY_SOCKET": str(notify)}
+    first = TunerdRun(config, env=env)
+    try:
+
+        def status(answering: bool = True) -> dict[str, object]:
+            done = run_tunerd("status", "--json", "--socket", str(sock), timeout=10)
+            if not answering and done.returncode != 0:
+                return {}  # not serving its socket yet
+            assert done.returncode == 0, done.stderr
+            engine: dict[str, object] = json.loads(done.stdout)["engines"][0]
+            return engine
+
+        def in_probation() -> bool:
+            restart = status(answering=False).get("restart")
+            return isinstance(restart, dict) and restart.get("step") == "probation"
+
+        _wait("probation", in_probation, 90)
+        answers = []
+        for _ in range(5):
+            asked = time.monotonic()
+            engine = status()
+            answers.append(time.monotonic() - asked)
+            restart = engine["restart"]
+            assert isinstance(restart, dict)
+            assert (engine["state"], restart["kind"], restart["step"]) == (
+                "restarting",
+                "restart",
+                "probation",
+            )
+            assert restart["deadline"] > time.time()
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - asked)))
+        assert max(answers) < 1.0, answers
+        serving = _engines(port)
+        assert len(serving) == 1
+
+        asked = time.monotonic()
+        first.process.send_signal(signal.SIGTERM)
+        assert first.process.wait(timeout=15) == 0
+        assert time.monotonic() - asked <= 10
+        said = []
+        listener.settimeout(0.5)
+        with contextlib.suppress(TimeoutError):
+            while True:
+                said.append(listener.recv(4096).decode())
+        assert any(message.startswith("STOPPING=1") for message in said), said
+        time.sleep(2)
+        assert _engines(port) == serving  # nothing spawned after SIGTERM; the new engine serves on
+        state = State.open(state_dir, readonly=True)
+        try:
+            [intent] = state.intents()
+        finally:
+            state.close()
+        assert (intent.kind, intent.step) == ("restart", "probation")
+    finally:
+        first.stop()
+
+    second = TunerdRun(config, env=env)
+    try:
+        _wait("the restart finished", lambda: _history(state_dir)[0]["outcome"] == "succeeded", 60)
+        tune = next(h for h in _history(state_dir) if h["kind"] == "tune")
+        assert tune["outcome"] == "succeeded"
+        assert tune["to_settings"]["max_num_seqs"] == 6  # type: ignore[index]
+        assert {_engine_pid(state_dir)} == serving  # the engine in probation, promoted: not respawned
+        assert (
+            "resuming an interrupted restart from 'probation'" in second.event("engine_reconciled")["outcome"]
+        )
+    finally:
+        second.stop()
+        for pid in serving | _engines(port):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        listener.close()

@@ -11,7 +11,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.integration.cli import TUNERD
 from tests.realvllm import ROOT, vllm_python
 from tests.realvllm.tiny_model import _WORDS
 from tunerd.state import State
@@ -107,7 +107,7 @@ class Tunerd:
         self.config = config
         self.lines: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tunerd", "run", "--config", str(config)],
+            [*TUNERD, "run", "--config", str(config)],  # the console script, as an operator runs it
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -99,7 +99,7 @@ def story(vllm: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
     )
     story = Story(tmp, url, Tunerd(config), first_pid=0, requests=[])
     try:
-        story.tunerd.wait_event("engine_reconciled", timeout=300)
+        story.tunerd.wait_event("restart_finished", timeout=300, where=lambda e: e["kind"] == "first_start")
         wait_healthy(url, timeout=30)
         story.first_pid = engine_record(story.state_dir).pid
         load = Load(url, workers=16, words=200, max_tokens=1000, pause=2.0).start()

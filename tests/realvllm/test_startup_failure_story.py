@@ -80,7 +80,7 @@ def story(vllm: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
     )
     story = Story(tmp, url, Tunerd(config))
     try:
-        story.tunerd.wait_event("engine_reconciled", timeout=300)
+        story.tunerd.wait_event("restart_finished", timeout=300, where=lambda e: e["kind"] == "first_start")
         story.tunerd.wait_event("engine_tuned", timeout=420)
         time.sleep(10)  # the policy keeps firing (the pool is idle): give it the chance to retry
         yield story

@@ -1,6 +1,7 @@
-"""What each mode does with a plan that changes settings (DESIGN §4.8): observe records it,
-advise proposes the exact flag diff and the command that applies it, act needs the saga (see
-tests/integration/test_run_stories.py). The plan is built by hand; the state is real SQLite."""
+"""Acting by mode (tunerd.acting): what each mode does with a plan that changes settings
+(DESIGN §4.8) — observe records it, advise proposes the exact flag diff and the command that
+applies it, act begins the saga (see tests/integration/test_run_stories.py). The plan is built
+by hand; the state is real SQLite."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tunerd.alerting import Acted, Did
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
 from tunerd.policy.engine import ActionPlan
@@ -45,11 +47,12 @@ def _plan(mode: str) -> ActionPlan:
 def test_advise_records_the_flag_diff_and_the_command(tmp_path: Path) -> None:
     daemon = _daemon(tmp_path, "advise")
     try:
-        done = daemon._act(daemon.engines[0], _plan("advise"), None, now=100.0)
+        done = daemon.actor.act(daemon.engines[0], _plan("advise"), None, now=100.0)
         [record] = daemon.state.history()
     finally:
         daemon.close()
-    assert done == "proposed, not applied"
+    assert done == Acted(Did.PROPOSED)
+    assert done.text() == "proposed, not applied"
     assert (record["kind"], record["mode"], record["outcome"]) == ("tune", "advise", "proposed")
     assert "proposed --max-num-seqs 6" in record["reason"]
     assert (
@@ -62,11 +65,12 @@ def test_advise_records_the_flag_diff_and_the_command(tmp_path: Path) -> None:
 def test_observe_records_and_changes_nothing(tmp_path: Path) -> None:
     daemon = _daemon(tmp_path, "observe")
     try:
-        done = daemon._act(daemon.engines[0], _plan("observe"), None, now=100.0)
+        done = daemon.actor.act(daemon.engines[0], _plan("observe"), None, now=100.0)
         [record] = daemon.state.history()
     finally:
         daemon.close()
-    assert done == "observed, not applied"
+    assert done == Acted(Did.OBSERVED)
+    assert done.text() == "observed, not applied"
     assert (record["mode"], record["outcome"]) == ("observe", "skipped")
 
 
@@ -105,10 +109,11 @@ def test_a_raise_that_would_overbook_a_shared_gpu_is_refused(tmp_path: Path) -> 
             restart=RestartSpec(),
             reasons=("pool-underused: gpu_memory_utilization 0.45 → 0.55",),
         )
-        done = daemon._act(daemon.engines[0], raised, None, now=100.0)
+        done = daemon.actor.act(daemon.engines[0], raised, None, now=100.0)
         [record] = daemon.state.history()
     finally:
         daemon.close()
-    assert done == "not applied: GPU 0 would be 1 booked (chat 0.55 beside embed 0.45; limit 0.95)"
+    assert done.did is Did.REFUSED
+    assert done.text() == "not applied: GPU 0 would be 1 booked (chat 0.55 beside embed 0.45; limit 0.95)"
     assert (record["kind"], record["outcome"]) == ("tune", "skipped")
     assert "GPU 0 would be 1 booked" in record["reason"]

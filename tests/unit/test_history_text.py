@@ -33,3 +33,20 @@ def test_what_a_person_asked_for_says_by_hand() -> None:
     asked = _action(kind="rollback", reason="latency doubled", evidence={"asked_by": "ops"})
     assert "    by hand: latency doubled" in _text([asked])
     assert "    tunerd: first start" in _text([_action(kind="restart", reason="first start")])
+
+
+def test_none_is_never_printed() -> None:
+    """A first start has nothing before it: what it started with, not `None→0.92`; a knob left
+    to vLLM on one side is its default."""
+    first = _action(
+        kind="restart",
+        from_settings=None,
+        to_settings={"gpu_memory_utilization": 0.92, "max_num_seqs": 8},
+        outcome="succeeded",
+        reason="first start under tunerd",
+    )
+    text = _text([first])
+    assert "restart (act) succeeded — with gpu_memory_utilization 0.92, max_num_seqs 8\n" in text
+    unset = _action(from_settings={"kv_cache_dtype": None}, to_settings={"kv_cache_dtype": "fp8"})
+    assert "kv_cache_dtype default→fp8" in _text([unset])
+    assert "None" not in text + _text([unset])

@@ -118,3 +118,46 @@ def test_nothing_known_yet_still_renders() -> None:
     assert "GPU    none read" in text
     assert "[" + "?" * (WIDTH - 14) + "]" in text
     assert "actions   none yet" in text
+
+
+def test_what_a_person_must_know_is_on_the_screen_not_only_in_json() -> None:
+    """Paused and pinned (and why), the restart in flight with its step and deadline; never a
+    bare ``None``; a long line ends at a word, not inside one."""
+    engine = dict(STATUS["engines"][0])  # type: ignore[index]
+    engine.update(
+        state="restarting",
+        pinned=True,
+        paused="the config was changed by a person (max_num_seqs 8→4): adopted as the new base",
+        restart={
+            "kind": "restart",
+            "step": "probation",
+            "action_id": 12,
+            "detail": "pid 5150 serving",
+            "deadline": STATUS["time"] + 240,  # type: ignore[operator]
+            "started": STATUS["time"],
+        },
+        settings={**engine["settings"], "kv_cache_dtype": None},
+    )
+    text = render({**STATUS, "engines": [engine]})
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("llama31-8b-awq-with-a-long-name"))
+    assert "restarting  PINNED  PAUSED" in header
+    restart = next(line for line in lines if line.startswith("  restart   "))
+    assert "restart · probation · pid 5150 serving · gives up at " in restart
+    assert restart.endswith("(in 240 s)")
+    assert any(line.startswith("  paused    the config was changed by a person") for line in lines)
+    assert any(line.startswith("  pinned    settings frozen by a person") for line in lines)
+    assert "kv_cache_dtype default" in text
+    assert "None" not in text
+    action = next(line for line in lines if "tune succeeded (kv-pool-saturated)" in line)
+    assert action.endswith("…")
+    assert action.removesuffix("…").split()[-1] in (
+        "pool",
+        "over",
+        "85%",
+        "with",
+        "requests",
+        "waiting",
+        "for",
+        "capacity",
+    )

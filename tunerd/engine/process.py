@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
 
@@ -39,10 +40,13 @@ __all__ = [
     "SECRET_ENV_PREFIXES",
     "EngineProcess",
     "HookResult",
+    "HookRun",
     "Identity",
     "ProcessError",
     "ProcessRunner",
+    "Started",
     "StopResult",
+    "Successor",
     "copytruncate",
     "engine_environment",
     "find_listener",
@@ -51,7 +55,6 @@ __all__ = [
     "process_tree",
     "read_identity",
     "rotate",
-    "run_hook",
     "runs_as",
 ]
 
@@ -230,51 +233,92 @@ class HookResult:
     summary: str  # e.g. "exit 0 in 0.1 s", "exit 3 in 0.2 s: out of rotation failed", "timed out after 60 s"
 
 
-def run_hook(
-    hook: str,
-    argv: Sequence[str],
-    *,
-    timeout: float,
-    log_path: str | os.PathLike[str],
-    env: Mapping[str, str],
-    clock: Clock = SYSTEM_CLOCK,
-) -> HookResult:
-    """Run one hook (an argv list from the config, never a shell) with tunerd's environment
-    minus its secrets plus ``env``; its output and outcome are appended to ``log_path``."""
-    path = Path(log_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    started = clock.monotonic()
-    try:
-        done = subprocess.run(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            env=engine_environment(os.environ, env),
-            check=False,
-        )
-    except subprocess.TimeoutExpired as expired:
-        output = expired.stdout or ""
-        output = output.decode(errors="replace") if isinstance(output, bytes) else output
-        result = HookResult(False, f"timed out after {timeout:g} s")
-    except OSError as error:
-        output = ""
-        result = HookResult(False, f"could not run {argv[0]}: {error.strerror or error}")
-    else:
-        output = (done.stdout or "") + (done.stderr or "")
-        seconds = clock.monotonic() - started
-        last = output.strip().splitlines()[-1] if output.strip() else ""
-        summary = f"exit {done.returncode} in {seconds:.1f} s"
-        if done.returncode:
-            summary += f": {last[:200]}"
-        result = HookResult(done.returncode == 0, summary)
-    with path.open("a", encoding="utf-8") as log:
-        stamp = datetime.fromtimestamp(clock.now(), tz=UTC).isoformat(timespec="seconds")
-        log.write(f"{stamp} {hook}: {' '.join(argv)}\n{output}")
-        log.write(f"{stamp} {hook}: {result.summary}\n")
-    return result
+class HookRun:
+    """One run of a ``pre_stop``/``post_start`` hook (an argv list from the config, never a
+    shell), started at once and looked at with :meth:`poll` — nobody waits on it. It runs in a
+    session of its own with tunerd's environment minus its secrets plus ``env``, and writes its
+    output straight into ``log_path`` (so it can outlive a tunerd that stops meanwhile); a run
+    past ``timeout`` has its whole group killed."""
+
+    def __init__(
+        self,
+        hook: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        log_path: str | os.PathLike[str],
+        env: Mapping[str, str],
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.hook = hook
+        self.argv = list(argv)
+        self.timeout = timeout
+        self.path = Path(log_path)
+        self.clock = clock
+        self.started = clock.monotonic()
+        self.result: HookResult | None = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write(f"{hook}: {' '.join(self.argv)}\n")
+        self._offset = self.path.stat().st_size
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        try:
+            self._popen: subprocess.Popen[bytes] | None = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                env=engine_environment(os.environ, env),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as error:
+            self._popen = None
+            self._finish(HookResult(False, f"could not run {self.argv[0]}: {error.strerror or error}"))
+        finally:
+            os.close(fd)
+
+    def _write(self, text: str) -> None:
+        stamp = datetime.fromtimestamp(self.clock.now(), tz=UTC).isoformat(timespec="seconds")
+        with self.path.open("a", encoding="utf-8") as log:
+            log.write(f"{stamp} {text}")
+
+    def _finish(self, result: HookResult) -> HookResult:
+        self.result = result
+        self._write(f"{self.hook}: {result.summary}\n")
+        return result
+
+    def _last_line(self) -> str:
+        try:
+            with self.path.open("rb") as log:
+                log.seek(self._offset)
+                output = log.read(64 << 10).decode(errors="replace").strip()
+        except OSError:
+            return ""
+        return output.splitlines()[-1] if output else ""
+
+    def poll(self) -> HookResult | None:
+        """The hook's result once it has ended (or been killed for its timeout); None while it
+        runs."""
+        if self.result is not None or self._popen is None:
+            return self.result
+        code = self._popen.poll()
+        seconds = self.clock.monotonic() - self.started
+        if code is None:
+            if seconds < self.timeout:
+                return None
+            self.kill()
+            return self._finish(HookResult(False, f"timed out after {self.timeout:g} s"))
+        summary = f"exit {code} in {seconds:.1f} s"
+        if code:
+            summary += f": {self._last_line()[:200]}"
+        return self._finish(HookResult(code == 0, summary))
+
+    def kill(self) -> None:
+        if self._popen is not None and self._popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(timeout=5)
 
 
 def copytruncate(path: Path, max_bytes: int, keep: int = 5) -> bool:
@@ -475,11 +519,35 @@ class EngineProcess:
         return copytruncate(self.log_path, max_bytes, keep)
 
 
+@dataclass(frozen=True)
+class Successor:
+    """What replaced an engine whose main process is gone: the engine a person started in its
+    place through the engine's manager (``systemctl restart``), or None — it died; ``pending``
+    while the manager is still stopping or starting it."""
+
+    engine: Any = None  # the runner's engine (EngineProcess, UnitEngine)
+    pending: bool = False
+
+
+class Started:
+    """A start that is already done (a spawn): :meth:`poll` hands the engine over."""
+
+    def __init__(self, engine: EngineProcess) -> None:
+        self.engine = engine
+
+    def poll(self) -> EngineProcess:
+        return self.engine
+
+    def detail(self) -> str:
+        return f"spawned pid {self.engine.pid}"
+
+
 class ProcessRunner:
     """How the saga starts and finds a supervised engine: tunerd's own child, found again by
     its identity, its argv or the port it listens on."""
 
     waits_for_room = True  # the old engine is gone before the spawn: wait for its memory
+    stops_in_start = False  # tunerd stops the old engine itself (SIGTERM, then the group)
 
     def __init__(self, log_path: Path, env: Mapping[str, str], clock: Clock = SYSTEM_CLOCK) -> None:
         self.log_path = log_path
@@ -489,8 +557,16 @@ class ProcessRunner:
     def spawn(self, argv: Sequence[str]) -> EngineProcess:
         return EngineProcess.spawn(argv, self.log_path, env=self.env, clock=self.clock)
 
+    def start(self, argv: Sequence[str]) -> Started:
+        """Spawn now: the engine is there as soon as this returns."""
+        return Started(self.spawn(argv))
+
     def adopt(self, identity: Identity) -> EngineProcess | None:
         return EngineProcess.adopt(identity, self.log_path, self.clock)
+
+    def successor(self, engine: EngineProcess) -> Successor:
+        """Nothing restarts tunerd's own child behind its back: a dead engine died."""
+        return Successor()
 
     def find_new(self, argv: Sequence[str]) -> EngineProcess | None:
         identity = find_spawned(argv)

@@ -1,31 +1,52 @@
-"""The restart saga of DESIGN §4.9 for a supervised engine, durable at every step.
+"""The restart saga of DESIGN §4.9: a durable state machine the daemon's loop advances.
 
-A restart moves through :data:`STEPS`; each step is written to the state database (an
-*intent*) before it is taken, so a tunerd killed anywhere in the middle is followed by one
-that reads the intent and :meth:`Supervisor.reconcile` finishes or undoes the restart:
+Every start of an engine tunerd makes is one *saga* — the first start, a restart with new
+settings, the rollback after a restart failed, a restart after a crash or of a held engine's
+last-known-good — and every saga is an *intent* row in the state database: its
+:class:`~tunerd.outcomes.SagaKind`, the :class:`~tunerd.outcomes.Step` it has reached, the
+versions and the history record it moves. A step is written before it is taken.
+
+:meth:`Supervisor.advance` does what the current step allows *now* and returns at once: it
+sends the SIGTERM and, at later calls, looks whether the engine has drained; it spawns and
+then looks for ``/health`` and the KV-size line; it starts a hook and looks whether it has
+exited. Nothing here sleeps. So the loop that calls it keeps sampling, scraping, evaluating
+the other engines' policies and answering ``tunerd status`` (which shows the step and its
+deadline: :meth:`Supervisor.progress`) while a restart of minutes runs, and a SIGTERM of
+tunerd stops it between two calls — nothing new is spawned once ``stopping()`` says so —
+leaving the intent for the next tunerd. What each kind goes through:
+
+=============  ==================================================  ===========================
+kind           steps                                               ends
+=============  ==================================================  ===========================
+first_start    starting, verifying                                 last-known-good
+restart        intent (pre_stop), stopping, starting, verifying    promoted; a failure turns
+               (post_start), probation                             it into its rollback
+rollback       stopping, starting, verifying                       ``rolled_back``; a failure
+                                                                   holds the engine
+recover        stopping (what is left of it), starting, verifying  the same settings serve
+=============  ==================================================  ===========================
+
+What the next tunerd does with an intent it finds (:meth:`Supervisor.reconcile`):
 
 =============  =============================================  ===============================
 step reached   what may have happened                         the next tunerd
 =============  =============================================  ===============================
 ``intent``     nothing yet: the old engine serves              cancels (``skipped``)
-``stopping``   SIGTERM sent, the old engine may still drain    stops it, starts the new one
-``starting``   the new engine may have been spawned            adopts it (its argv is exact)
-                                                               or spawns it
+``stopping``   SIGTERM sent, the old engine may still drain    stops it, goes on
+``starting``   the new engine may have been spawned            finds it (what exec made of its
+                                                               argv, :func:`~tunerd.engine.
+                                                               process.runs_as`) or spawns it
 ``verifying``  the new engine is up or starting                verifies it again
 ``probation``  the new engine passed start-up                  finishes probation, promotes
 =============  =============================================  ===============================
 
-Verification is ``/health`` 200 *and* vLLM's KV-size log line; a start-up failure or a crash
-in probation rolls back to the last-known-good settings. Each action is one history record,
-moved from ``applied`` to its outcome; nothing is recorded twice. Time comes from the injected
-:class:`~tunerd.clock.Clock`.
-
-Before each spawn the supervisor waits (``gpu_wait_seconds``) until the engine's GPUs have the
-free memory the new settings need, as vLLM checks at start-up; still short, the start fails
-like any other (and a restart rolls back). The engine's ``pre_stop`` hook runs before the
-stop — a failure aborts the restart with the old engine still serving — and ``post_start``
-after each verified start (a failure is written on the action). The quiet-period wait happens
-before a restart is asked for (the daemon). Not yet here: probation by traffic, systemd mode.
+Verification is ``/health`` 200 *and* vLLM's KV-size log line. Each action is one history
+record, moved from ``applied`` to its outcome; nothing is recorded twice. How a saga ended
+reaches the daemon typed (:class:`~tunerd.outcomes.SagaResult`), as does what was done about
+a crash (:class:`CrashHandled`). Before each spawn (supervise mode) the start waits, within
+``gpu_wait_seconds``, until the engine's GPUs have the free memory the new settings need, as
+vLLM checks at start-up. Time comes from the injected :class:`~tunerd.clock.Clock`:
+deadlines on its ``monotonic()``, records on its ``now()``.
 """
 
 from __future__ import annotations
@@ -47,16 +68,35 @@ from tunerd.engine.guards import (
     is_crash_loop,
     may_change,
 )
-from tunerd.engine.process import Identity, ProcessError, ProcessRunner, StopResult, run_hook
+from tunerd.engine.process import HookResult, HookRun, Identity, ProcessError, ProcessRunner, Successor
+from tunerd.outcomes import CrashResponse, Mode, Outcome, Progress, SagaKind, SagaResult, Step
 from tunerd.sources.engine_log import LogDiagnoser, LogDiagnosis
 from tunerd.sources.vllm_metrics import MetricsClient
-from tunerd.state import State
+from tunerd.state import Intent, State
 from tunerd.tune import changes
 
-__all__ = ["STEPS", "Engine", "EngineSpec", "RestartResult", "Runner", "Supervisor"]
+__all__ = [
+    "FLOWS",
+    "CrashHandled",
+    "Engine",
+    "EngineSpec",
+    "Launch",
+    "Reconciled",
+    "Runner",
+    "Supervisor",
+]
 
-STEPS = ("intent", "stopping", "starting", "verifying", "probation")
-_POLL_S = 0.2
+#: the steps each kind of saga goes through, in order
+FLOWS: dict[SagaKind, tuple[Step, ...]] = {
+    SagaKind.FIRST_START: (Step.STARTING, Step.VERIFYING),
+    SagaKind.RESTART: (Step.INTENT, Step.STOPPING, Step.STARTING, Step.VERIFYING, Step.PROBATION),
+    SagaKind.ROLLBACK: (Step.STOPPING, Step.STARTING, Step.VERIFYING),
+    SagaKind.RECOVER: (Step.STOPPING, Step.STARTING, Step.VERIFYING),
+}
+_POLL_S = 0.2  # between steps when a caller drives a saga to its end (run_to_end)
+_STOP_GRACE_S = 30.0  # beyond the drain, before the engine's group is killed
+_GROUP_GRACE_S = 5.0  # the engine's children, after its main process has exited
+_KILL_WAIT_S = 10.0  # for the kernel to take a killed group down
 # After the engine's main process is gone its log may still grow for a moment: systemd mode
 # copies it from the journal (journald, then ``journalctl -f``, each a hop behind), and in
 # supervise mode the engine's own children can outlive it by a few lines. Unless the engine
@@ -79,8 +119,18 @@ class Engine(Protocol):
     def returncode(self) -> int | None: ...
     def alive(self) -> bool: ...
     def log_settled(self) -> bool: ...  # nothing more will be written to log_path
-    def stop(self, timeout: float) -> StopResult: ...
+    def terminate(self) -> None: ...  # SIGTERM to the main process (systemd mode: nothing)
+    def kill_group(self) -> None: ...  # SIGKILL to what is left (systemd mode: nothing)
+    def members(self) -> list[int]: ...  # live processes of the engine tunerd must wait for
     def close(self) -> None: ...
+
+
+class Launch(Protocol):
+    """A start under way: :meth:`poll` is None until the engine runs, then the engine;
+    :class:`~tunerd.engine.process.ProcessError` when it could not be started."""
+
+    def poll(self) -> Engine | None: ...
+    def detail(self) -> str: ...
 
 
 class Runner(Protocol):
@@ -91,8 +141,10 @@ class Runner(Protocol):
     command)."""
 
     waits_for_room: bool  # wait for the GPU memory between the stop and the start
+    stops_in_start: bool  # the start stops the old engine itself (systemctl restart)
 
-    def spawn(self, argv: Sequence[str]) -> Engine: ...
+    def start(self, argv: Sequence[str]) -> Launch: ...
+    def successor(self, engine: Any) -> Successor: ...
     def adopt(self, identity: Identity) -> Engine | None: ...
     def find_new(self, argv: Sequence[str]) -> Engine | None: ...
     def listener(self, port: int) -> Engine | None: ...
@@ -119,15 +171,54 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
-class RestartResult:
-    outcome: str  # succeeded | rolled_back | failed | skipped
-    action_id: int
-    version: int | None  # the settings version running afterwards
-    reason: str
+class CrashHandled:
+    """What :meth:`Supervisor.check` did about a dead engine."""
+
+    response: CrashResponse
+    reason: str  # for the log and the alert
 
 
-class _StartFailed(Exception):
-    pass
+@dataclass(frozen=True)
+class Reconciled:
+    """What :meth:`Supervisor.reconcile` found when tunerd started."""
+
+    what: str  # no_engine | adopted | by_hand | resumed | cancelled | recovering
+    text: str
+
+
+class _StepFailed(Exception):
+    """The step cannot succeed; the message says why (vLLM's own words where it gave some)."""
+
+
+class _Abort(Exception):
+    """Nothing was stopped: the restart ends as failed, the old engine serves on."""
+
+
+@dataclass
+class _Phase:
+    """What the step in progress has done so far (not durable: a resumed step starts afresh)."""
+
+    step: Step
+    detail: str = ""
+    deadline: float | None = None  # on the clock's monotonic()
+    hook: HookRun | None = None
+    hooks_done: tuple[str, ...] = ()
+    signalled: bool = False
+    main_gone_at: float | None = None
+    killed_at: float | None = None
+    launch: Launch | None = None
+    argv: list[str] | None = None
+    verified: bool = False
+
+
+@dataclass
+class _Settle:
+    """Watching a dead engine's log until it is still (see _LOG_STILL_S)."""
+
+    pid: int
+    since: float
+    size: int
+    still_since: float
 
 
 def _log_size(path: Path) -> int:
@@ -145,13 +236,19 @@ def diagnosis_tail(process: Engine, lines: int = 20) -> list[str]:
         return []
 
 
+def _set(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The knobs that are set (None means vLLM's default: no flag)."""
+    return {knob: value for knob, value in settings.items() if value is not None}
+
+
 class Supervisor:
     """Starts, restarts, verifies and rolls back one engine; every step durable in ``state``.
 
     ``on_step(step)`` is called after each step is recorded (and with ``"spawned"`` right after
-    a spawn, before its identity is recorded): the daemon logs it, the fault-injection tests
-    kill tunerd there. ``on_held(reason)`` is called when the engine becomes held (a crash loop,
-    a spent restart budget): the daemon pages a person.
+    a spawn, before its identity is recorded): the daemon logs it and publishes its status, the
+    fault-injection tests kill tunerd there. ``on_held(reason)`` is called when the engine
+    becomes held (a crash loop, a spent restart budget): the daemon pages a person.
+    ``stopping()`` is true once tunerd is shutting down: no engine is spawned after that.
     """
 
     def __init__(
@@ -166,6 +263,7 @@ class Supervisor:
         room: Callable[[Mapping[str, Any]], str | None] | None = None,
         runner: Runner | None = None,
         on_held: Callable[[str], None] | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         self.guards = guards or GuardConfig()
         self.on_held = on_held or (lambda reason: None)
@@ -176,15 +274,20 @@ class Supervisor:
         self.clock = clock
         self.on_step = on_step or (lambda step: None)
         self.room = room or (lambda settings: None)  # why the GPU lacks memory for settings
-        self.runner = runner or ProcessRunner(spec.log_path, spec.env, clock)
+        self.runner: Runner = runner or ProcessRunner(spec.log_path, spec.env, clock)
+        self.stopping = stopping or (lambda: False)
         self.process: Engine | None = None
         self._crash: dict[str, Any] | None = None  # the dead process's diagnosis, once
+        self._settle: _Settle | None = None
+        self._phase: _Phase | None = None
+        self._spawned_at: float | None = None  # monotonic, this tunerd's spawn of the saga's engine
+        self._startup: float | None = None  # seconds from that spawn to verified
         self.next_restart_at: float | None = None  # a held engine's backoff, on the clock's now()
         self._held_attempts = 0
         self.adopted_by_hand: str | None = None  # why, when reconcile found a person's engine
         #: the mode in force (the daemon keeps it current): what history records for the
         #: supervision tunerd does in every mode — first starts, crash restarts
-        self.mode = "act"
+        self.mode: Mode = Mode.ACT
 
     # -- queries ---------------------------------------------------------------------------
     def running_settings(self) -> dict[str, Any] | None:
@@ -196,15 +299,75 @@ class Supervisor:
     def healthy(self) -> bool:
         return self.client.health() == 200
 
+    def in_flight(self) -> bool:
+        """A saga of this engine is under way (its intent is recorded)."""
+        return self.state.intent(self.spec.name) is not None
+
+    def progress(self) -> Progress | None:
+        """The saga in flight, its step, what it waits for and until when."""
+        intent = self.state.intent(self.spec.name)
+        if intent is None:
+            return None
+        phase = self._phase if self._phase is not None and self._phase.step == intent.step else None
+        deadline = None
+        if phase is not None and phase.deadline is not None:
+            deadline = self.clock.now() + (phase.deadline - self.clock.monotonic())
+        return Progress(
+            kind=SagaKind(intent.kind),
+            step=Step(intent.step),
+            action_id=intent.action_id,
+            detail=phase.detail if phase is not None else "",
+            deadline=deadline,
+            started=intent.started,
+        )
+
+    def take_adopted_by_hand(self) -> str | None:
+        """Why the engine was just adopted as a person's (once; None when it was not)."""
+        why, self.adopted_by_hand = self.adopted_by_hand, None
+        return why
+
     def close(self) -> None:
+        """Let go of what this tunerd holds (a hook in flight is killed: the next tunerd runs
+        it again); the engine itself keeps running."""
+        if self._phase is not None and self._phase.hook is not None:
+            self._phase.hook.kill()
         if self.process is not None:
             self.process.close()
         if self._owns_client:
             self.client.close()
 
-    # -- the first start ----------------------------------------------------------------------
-    def start_initial(self, settings: Mapping[str, Any]) -> RestartResult:
-        """Start the engine with the configured settings and make them last-known-good."""
+    # -- beginning a saga -------------------------------------------------------------------
+    def _begin(
+        self,
+        kind: SagaKind,
+        action: int,
+        *,
+        to_version: int,
+        from_version: int | None,
+        note: str | None = None,
+    ) -> None:
+        step = FLOWS[kind][0]
+        self.state.begin_intent(
+            self.spec.name,
+            action,
+            str(step),
+            self.clock.now(),
+            from_version=from_version,
+            to_version=to_version,
+            kind=str(kind),
+            note=note,
+        )
+        self._phase = None
+        self._spawned_at = None
+        self.on_step(str(step))
+
+    def start_initial(self, settings: Mapping[str, Any]) -> SagaResult:
+        """The first start, driven to its end (scripts and tests; the daemon begins it and
+        advances it from its loop)."""
+        return self.run_to_end(self.begin_first_start(settings))
+
+    def begin_first_start(self, settings: Mapping[str, Any]) -> SagaResult | None:
+        """Start the engine with the configured settings, to become last-known-good."""
         now = self.clock.now()
         version = self.state.add_version(
             self.spec.name, settings, "initial", now, command=list(self.spec.command)
@@ -218,20 +381,14 @@ class Supervisor:
             now=now,
             to_settings=settings,
         )
-        try:
-            started = self._launch(version)
-            self._verify(version)
-            self._post_start(action)
-        except _StartFailed as failure:
-            self.state.mark_failed(version, self.clock.now())
-            self.state.update_action(action, "failed", self.clock.now(), f"first start failed: {failure}")
-            return RestartResult("failed", action, None, str(failure))
-        self.state.promote(self.spec.name, version, self.clock.monotonic() - started)
-        self.state.update_action(action, "succeeded", self.clock.now())
-        return RestartResult("succeeded", action, version, "started")
+        self._begin(SagaKind.FIRST_START, action, to_version=version, from_version=None)
+        return None
 
-    # -- a restart with new settings -------------------------------------------------------------
-    def restart(
+    def restart(self, settings: Mapping[str, Any], **asked: Any) -> SagaResult:
+        """:meth:`begin_restart`, driven to its end (scripts and tests)."""
+        return self.run_to_end(self.begin_restart(settings, **asked))
+
+    def begin_restart(
         self,
         settings: Mapping[str, Any],
         *,
@@ -242,14 +399,14 @@ class Supervisor:
         asked: int | None = None,
         source: str = "rollback",
         version: int | None = None,
-    ) -> RestartResult:
-        """Restart with ``settings`` through every step of the saga, if the guards allow.
-        ``after_crash``: the engine is already down, so the settle period does not apply (the
-        crash is the observation the settle period waits for). ``asked``: the history record of
-        a person's ``tunerd rollback`` (or of settings a person wrote in the config, with
-        ``source="initial"``); a person is not held to pins, pauses, holds, settle periods or
-        budgets — only a restart already in flight waits. ``version``: restart with that
-        recorded version (a person's config, recorded as the new base) instead of a new one."""
+    ) -> SagaResult | None:
+        """Begin a restart with ``settings`` if the guards allow; None when it began, else the
+        ``SKIPPED`` result saying why not. ``after_crash``: the engine is already down, so the
+        settle period does not apply (the crash is the observation it waits for).
+        ``asked``: the history record of a person's ``tunerd rollback`` or config edit — a
+        person is not held to pins, pauses, holds, settle periods or budgets, only a restart
+        already in flight waits. ``version``: restart with that recorded version (a person's
+        config, recorded as the new base) instead of a new one."""
         record = self.state.engine(self.spec.name)
         if record is None or record.running is None:
             raise ProcessError(f"engine {self.spec.name} was never started under tunerd")
@@ -258,15 +415,14 @@ class Supervisor:
         facts = self.facts()
         if asked is not None:
             if facts.in_flight:
-                return RestartResult("skipped", asked, old.id, "a restart is already in flight")
+                return SagaResult(
+                    SagaKind.RESTART, Outcome.SKIPPED, asked, old.id, "a restart is already in flight"
+                )
             if version is None:
                 version = self.state.add_version(self.spec.name, settings, source, now)
             self.state.update_action(asked, "applied", now)
-            self.state.begin_intent(
-                self.spec.name, asked, "intent", now, from_version=old.id, to_version=version
-            )
-            self.on_step("intent")
-            return self._from_step("stopping", asked, old.id, version)
+            self._begin(SagaKind.RESTART, asked, to_version=version, from_version=old.id)
+            return None
         refusal = may_change(facts, self.guards, now, settle=not after_crash)
         if refusal is not None:
             action = self.state.record_action(
@@ -284,7 +440,7 @@ class Supervisor:
             if refusal.hold and not record.held:
                 self.state.set_flags(self.spec.name, held=True)
                 self.on_held(f"{refusal.reason}: tuning stopped")
-            return RestartResult("skipped", action, old.id, refusal.reason)
+            return SagaResult(SagaKind.RESTART, Outcome.SKIPPED, action, old.id, refusal.reason)
         version = self.state.add_version(self.spec.name, settings, "tune", now)
         action = self.state.record_action(
             engine=self.spec.name,
@@ -298,130 +454,376 @@ class Supervisor:
             to_settings=settings,
             evidence=evidence,
         )
-        self.state.begin_intent(
-            self.spec.name, action, "intent", now, from_version=old.id, to_version=version
+        self._begin(SagaKind.RESTART, action, to_version=version, from_version=old.id)
+        return None
+
+    def _begin_recover(self, version: int, reason: str, evidence: Mapping[str, Any] | None = None) -> int:
+        """Start ``version`` again on a dead engine (a crash, found down, held); the action."""
+        record = self.state.engine(self.spec.name)
+        running = record.running if record else None
+        settings = self.state.version(version).settings
+        action = self.state.record_action(
+            engine=self.spec.name,
+            kind="restart",
+            mode=self.mode,
+            outcome="applied",
+            reason=reason,
+            now=self.clock.now(),
+            from_settings=self.state.version(running).settings if running else None,
+            to_settings=settings,
+            evidence=evidence,
         )
-        self.on_step("intent")
-        return self._from_step("stopping", action, old.id, version)
+        self._begin(SagaKind.RECOVER, action, to_version=version, from_version=running)
+        return action
 
-    def _step(self, step: str) -> None:
-        self.state.advance_intent(self.spec.name, step, self.clock.now())
-        self.on_step(step)
+    def run_to_end(self, begun: SagaResult | None = None) -> SagaResult:
+        """Drive the saga in flight to its end, sleeping between steps — for scripts and
+        tests; the daemon advances sagas from its loop instead. ``begun``: what a begin_*
+        call answered (a result when the saga never began)."""
+        if begun is not None:
+            return begun
+        while True:
+            result = self.advance()
+            if result is not None:
+                return result
+            if not self.in_flight():
+                raise ProcessError(f"no saga in flight for {self.spec.name}")
+            self.clock.sleep(_POLL_S)
 
-    def _from_step(self, step: str, action: int, old: int, new: int) -> RestartResult:
-        steps = STEPS[STEPS.index(step) :]
-        try:
-            if "stopping" in steps:
-                if (refused := self._hook("pre_stop")) is not None:
-                    return self._abort(action, f"pre_stop hook failed ({refused})")
-                self._step("stopping")
-                self._stop()
-            if "starting" in steps:
-                self._step("starting")
-                started = self._launch(new)
-            else:
-                started = self.clock.monotonic()
-            if "verifying" in steps:
-                self._step("verifying")
-                self._verify(new)
-                self._post_start(action)
-            startup = self.clock.monotonic() - started
-            self._step("probation")
-            self._probation()
-        except _StartFailed as failure:
-            return self._roll_back(action, old, new, str(failure))
-        self.state.promote(self.spec.name, new, startup if "starting" in steps else None)
-        self.state.update_action(action, "succeeded", self.clock.now())
-        self.state.clear_intent(self.spec.name)
-        return RestartResult("succeeded", action, new, "passed start-up and probation")
+    # -- advancing --------------------------------------------------------------------------
+    def advance(self) -> SagaResult | None:
+        """Do what the saga in flight allows now; its result once it has ended, else None
+        (also when there is no saga). Steps that need no waiting follow one another in one
+        call."""
+        for _ in range(len(Step) + 1):
+            intent = self.state.intent(self.spec.name)
+            if intent is None:
+                return None
+            kind, step = SagaKind(intent.kind), Step(intent.step)
+            if self._phase is None or self._phase.step != step:
+                self._phase = _Phase(step)
+            try:
+                done = self._work(step, intent)
+            except _Abort as abort:
+                alive = self.process is not None and self.process.alive()
+                why = f"{abort}: " + ("the old engine still serves" if alive else "the engine stays down")
+                return self._end(intent, Outcome.FAILED, why, serving=alive)
+            except _StepFailed as failure:
+                result = self._failed(intent, str(failure))
+                if result is not None:
+                    return result
+                continue  # a failed restart turned into its rollback
+            if not done:
+                return None
+            flow = FLOWS[kind]
+            index = flow.index(step)
+            if index + 1 == len(flow):
+                return self._succeeded(intent)
+            self._step(flow[index + 1])
+        return None
 
-    def _hook(self, hook: str) -> str | None:
-        """Run the engine's ``hook`` if it has one; None if it passed (or there is none), else
-        what went wrong. Its output goes to ``NAME.hooks.log`` beside the engine's log."""
+    def _step(self, step: Step) -> None:
+        self.state.advance_intent(self.spec.name, str(step), self.clock.now())
+        self._phase = _Phase(step)
+        self.on_step(str(step))
+
+    def _wait(self, seconds: float) -> float:
+        """The current step's deadline, set at its first look (``seconds`` from then)."""
+        assert self._phase is not None
+        if self._phase.deadline is None:
+            self._phase.deadline = self.clock.monotonic() + seconds
+        return self._phase.deadline
+
+    def _hook(self, hook: str) -> HookResult | None:
+        """Run the engine's ``hook`` once per step: its result (a pass when there is none),
+        None while it runs. Its output goes to ``NAME.hooks.log`` beside the engine's log."""
+        phase = self._phase
+        assert phase is not None
         argv = self.spec.hooks.get(hook)
-        if not argv:
-            return None
-        result = run_hook(
-            hook,
-            argv,
-            timeout=self.spec.hook_timeout_seconds,
-            log_path=self.spec.log_path.with_name(f"{self.spec.name}.hooks.log"),
-            env={"TUNERD_ENGINE": self.spec.name, "TUNERD_ENGINE_URL": self.spec.url, "TUNERD_HOOK": hook},
-            clock=self.clock,
-        )
-        self.on_step(f"{hook} {result.summary}")
-        return None if result.ok else result.summary
-
-    def _post_start(self, action: int | None) -> None:
-        """The engine serves again: put it back (e.g. into the load balancer). A failure does
-        not undo a healthy engine; it is written on the action, whose outcome pages a person."""
-        failed = self._hook("post_start")
-        if failed is not None and action is not None:
-            self.state.note_action(action, f"post_start hook failed ({failed}); it may be out of rotation")
-
-    def _abort(self, action: int, why: str) -> RestartResult:
-        """Nothing was stopped: record the failure, end the intent; the old engine serves on
-        (or, after a crash, stays down for the next check)."""
-        alive = self.process is not None and self.process.alive()
-        why += ": the old engine still serves" if alive else ": the engine stays down"
-        self.state.update_action(action, "failed", self.clock.now(), why)
-        self.state.clear_intent(self.spec.name)
-        record = self.state.engine(self.spec.name)
-        return RestartResult("failed", action, record.running if record else None, why)
-
-    def _roll_back(self, action: int, old: int, new: int, why: str) -> RestartResult:
-        now = self.clock.now()
-        self.state.mark_failed(new, now)
-        self._stop()
-        record = self.state.engine(self.spec.name)
-        good = record.last_known_good if record and record.last_known_good else old
-        try:
-            self._launch(good)
-            self._verify(good)
-            self._post_start(action)
-        except _StartFailed as failure:
-            self.state.update_action(
-                action, "failed", self.clock.now(), f"{why}; and last-known-good failed too: {failure}"
+        if not argv or hook in phase.hooks_done:
+            return HookResult(True, "none")
+        if phase.hook is None:
+            phase.hook = HookRun(
+                hook,
+                argv,
+                timeout=self.spec.hook_timeout_seconds,
+                log_path=self.spec.log_path.with_name(f"{self.spec.name}.hooks.log"),
+                env={
+                    "TUNERD_ENGINE": self.spec.name,
+                    "TUNERD_ENGINE_URL": self.spec.url,
+                    "TUNERD_HOOK": hook,
+                },
+                clock=self.clock,
             )
-            self.state.set_flags(self.spec.name, held=True)
-            self.state.clear_intent(self.spec.name)
-            return RestartResult("failed", action, None, str(failure))
-        self.state.update_action(action, "rolled_back", self.clock.now(), f"rolled back: {why}")
+            phase.detail = f"{hook} hook running"
+        result = phase.hook.poll()
+        if result is None:
+            return None
+        phase.hook = None
+        phase.hooks_done += (hook,)
+        self.on_step(f"{hook} {result.summary}")
+        return result
+
+    def _do_intent(self, intent: Intent) -> bool:
+        """The old engine still serves; take it out of rotation (``pre_stop``)."""
+        result = self._hook("pre_stop")
+        if result is None:
+            return False
+        if not result.ok:
+            raise _Abort(f"pre_stop hook failed ({result.summary})")
+        return True
+
+    def _do_stopping(self, intent: Intent) -> bool:
+        """SIGTERM to the main process only (vLLM drains), SIGKILL of the group when it
+        outlives the drain, done once no process of the old engine is left. systemd mode: the
+        unit's ``systemctl restart`` stops it."""
+        phase = self._phase
+        assert phase is not None
+        process = self.process or self._adopt_recorded()
+        if process is None or self.runner.stops_in_start:
+            if process is not None:
+                process.close()
+            self.process = None
+            return True
+        now = self.clock.monotonic()
+        if not phase.signalled:
+            phase.signalled = True
+            if process.alive():
+                process.terminate()
+                phase.deadline = now + self.spec.drain_seconds + _STOP_GRACE_S
+                phase.detail = f"draining pid {process.pid} (SIGTERM sent)"
+            else:  # it had died: what is left of it goes at once
+                phase.main_gone_at = now - _GROUP_GRACE_S
+        if process.alive():
+            assert phase.deadline is not None
+            if now < phase.deadline:
+                return False
+            if phase.killed_at is None:
+                process.kill_group()
+                phase.killed_at = now
+                phase.detail = f"pid {process.pid} outlived the drain: group killed"
+            if now - phase.killed_at < _KILL_WAIT_S:
+                return False
+            raise _StepFailed(f"the engine's main process {process.pid} outlived SIGKILL")
+        left = process.members()
+        if not left:
+            process.close()
+            self.process = None
+            return True
+        if phase.main_gone_at is None:
+            phase.main_gone_at = now
+            phase.detail = f"pid {process.pid} exited; waiting for {len(left)} process(es) of its group"
+        if phase.killed_at is None:
+            if now - phase.main_gone_at < _GROUP_GRACE_S:
+                return False
+            process.kill_group()
+            phase.killed_at = now
+            return False
+        if now - phase.killed_at < _KILL_WAIT_S:
+            return False
+        raise _StepFailed(f"engine group {process.pid} still has processes {left} after SIGKILL")
+
+    def _do_starting(self, intent: Intent) -> bool:
+        """The GPU memory the settings need (supervise mode), then the spawn."""
+        phase = self._phase
+        version = intent.to_version
+        assert phase is not None
+        assert version is not None
+        if phase.launch is None:
+            settings = self.state.version(version).settings
+            if self.runner.waits_for_room:
+                deadline = self._wait(self.spec.gpu_wait_seconds)
+                short = self.room(settings)
+                if short is not None:
+                    if self.clock.monotonic() >= deadline:
+                        raise _StepFailed(
+                            f"GPU memory still short after {self.spec.gpu_wait_seconds:g} s: {short}"
+                        )
+                    phase.detail = f"waiting for GPU memory: {short}"
+                    return False
+            if self.stopping():
+                phase.detail = "tunerd is stopping: nothing is spawned"
+                return False
+            phase.argv = self.spec.argv(settings)
+            try:
+                phase.launch = self.runner.start(phase.argv)
+            except ProcessError as error:
+                raise _StepFailed(str(error)) from None
+            self._spawned_at = self.clock.monotonic()
+        try:
+            engine = phase.launch.poll()
+        except ProcessError as error:
+            raise _StepFailed(str(error)) from None
+        if engine is None:
+            phase.detail = phase.launch.detail()
+            return False
+        self.on_step("spawned")
+        self._record(engine, version, spawned=phase.argv)
+        return True
+
+    def _do_verifying(self, intent: Intent) -> bool:
+        """``/health`` 200 and the KV-size line before the start-up timeout; then
+        ``post_start``."""
+        phase = self._phase
+        assert phase is not None
+        assert intent.to_version is not None
+        process = self.process
+        if process is None:
+            raise _StepFailed("the new engine is gone")
+        if not phase.verified:
+            timeout = self._timeout(intent.to_version)
+            deadline = self._wait(timeout)
+            if not process.alive():
+                exited = self._settled_diagnosis(process)
+                if exited is None:
+                    phase.detail = "the engine exited: reading its last lines"
+                    return False
+                crash = exited.crash
+                detail = f"{crash.kind}: {crash.message}" if crash else "no failure text in the log"
+                raise _StepFailed(f"the engine exited during start-up ({detail})")
+            if self._diagnose(process).kv_cache_size_tokens is None or not self.healthy():
+                if self.clock.monotonic() >= deadline:
+                    raise _StepFailed(f"not healthy after {timeout:g} s")
+                phase.detail = f"pid {process.pid} starting: waiting for /health and the KV-size line"
+                return False
+            phase.verified = True
+            if self._spawned_at is not None:
+                self._startup = self.clock.monotonic() - self._spawned_at
+        result = self._hook("post_start")  # the engine serves again: back into rotation
+        if result is None:
+            return False
+        if not result.ok:
+            self.state.note_action(
+                intent.action_id, f"post_start hook failed ({result.summary}); it may be out of rotation"
+            )
+        return True
+
+    def _do_probation(self, intent: Intent) -> bool:
+        """The new engine stays up for ``probation``."""
+        phase = self._phase
+        assert phase is not None
+        process = self.process
+        if process is None:
+            raise _StepFailed("the new engine is gone")
+        deadline = self._wait(self.spec.probation_seconds)
+        if not process.alive():
+            exited = self._settled_diagnosis(process)
+            if exited is None:
+                return False
+            crash = exited.crash
+            raise _StepFailed(f"crashed in probation ({crash.kind if crash else 'no failure text'})")
+        phase.detail = f"pid {process.pid} serving"
+        return self.clock.monotonic() >= deadline
+
+    def _work(self, step: Step, intent: Intent) -> bool:
+        """Do ``step``'s work as far as it goes now; True once the step is done."""
+        if step is Step.INTENT:
+            return self._do_intent(intent)
+        if step is Step.STOPPING:
+            return self._do_stopping(intent)
+        if step is Step.STARTING:
+            return self._do_starting(intent)
+        if step is Step.VERIFYING:
+            return self._do_verifying(intent)
+        return self._do_probation(intent)
+
+    # -- endings ----------------------------------------------------------------------------------
+    def _end(self, intent: Intent, outcome: Outcome, reason: str, serving: bool = True) -> SagaResult:
+        """Write the action's outcome, clear the intent, hand the result over. ``serving``: an
+        engine runs afterwards (the recorded version)."""
+        self.state.update_action(intent.action_id, str(outcome), self.clock.now(), reason)
         self.state.clear_intent(self.spec.name)
-        return RestartResult("rolled_back", action, good, why)
+        self._phase = None
+        record = self.state.engine(self.spec.name)
+        action = self.state.action(intent.action_id)
+        crash = action["evidence"].get("crash") if action is not None else None
+        return SagaResult(
+            SagaKind(intent.kind),
+            outcome,
+            intent.action_id,
+            record.running if serving and record else None,
+            reason,
+            crash=str(crash.get("kind", "unknown")) if isinstance(crash, dict) else None,
+        )
+
+    def _succeeded(self, intent: Intent) -> SagaResult:
+        kind = SagaKind(intent.kind)
+        assert intent.to_version is not None
+        startup, self._startup = self._startup, None
+        if kind is SagaKind.ROLLBACK:
+            return self._end(
+                intent, Outcome.ROLLED_BACK, f"rolled back: {intent.note or 'the restart failed'}"
+            )
+        if kind is SagaKind.RECOVER:
+            record = self.state.engine(self.spec.name)
+            if record is not None and record.held:
+                self.next_restart_at = None
+                return self._end(intent, Outcome.SUCCEEDED, "last-known-good restarted (still held)")
+            pending = self.state.pending_base(self.spec.name)
+            if pending is not None and pending.id == intent.to_version:
+                self.state.promote(self.spec.name, intent.to_version, startup)
+            return self._end(intent, Outcome.SUCCEEDED, self._reason(intent, "started again"))
+        self.state.promote(self.spec.name, intent.to_version, startup)
+        if kind is SagaKind.FIRST_START:
+            return self._end(intent, Outcome.SUCCEEDED, self._reason(intent, "started"))
+        return self._end(intent, Outcome.SUCCEEDED, self._reason(intent, "passed start-up and probation"))
+
+    def _reason(self, intent: Intent, done: str) -> str:
+        """The action's own reason, then what became of it."""
+        action = self.state.action(intent.action_id)
+        said = action["reason"] if action else ""
+        return f"{said}; {done}" if said else done
+
+    def _failed(self, intent: Intent, why: str) -> SagaResult | None:
+        """A step that cannot succeed: a restart turns into its rollback (None: go on), the
+        other kinds end here."""
+        kind = SagaKind(intent.kind)
+        now = self.clock.now()
+        self._startup = None
+        if self._phase is not None and self._phase.hook is not None:
+            self._phase.hook.kill()
+        if kind is SagaKind.RESTART and intent.to_version is not None:
+            self.state.mark_failed(intent.to_version, now)
+            record = self.state.engine(self.spec.name)
+            good = record.last_known_good if record and record.last_known_good else intent.from_version
+            if good is not None:
+                self.state.retarget_intent(
+                    self.spec.name,
+                    kind=str(SagaKind.ROLLBACK),
+                    step=str(FLOWS[SagaKind.ROLLBACK][0]),
+                    to_version=good,
+                    note=why,
+                    now=now,
+                )
+                self._phase = None
+                self.on_step(f"rolling back: {why}")
+                return None
+        if kind is SagaKind.ROLLBACK:
+            self.state.set_flags(self.spec.name, held=True)
+            return self._end(
+                intent, Outcome.FAILED, f"{intent.note}; and last-known-good failed too: {why}", serving=False
+            )
+        if kind is SagaKind.FIRST_START and intent.to_version is not None:
+            self.state.mark_failed(intent.to_version, now)
+            return self._end(intent, Outcome.FAILED, f"first start failed: {why}", serving=False)
+        record = self.state.engine(self.spec.name)
+        if record is not None and record.held:  # last-known-good of a held engine: back off
+            self._held_attempts += 1
+            self.next_restart_at = now + backoff_seconds(self._held_attempts, self.guards)
+            return self._end(
+                intent,
+                Outcome.FAILED,
+                f"last-known-good failed to start ({why}); next try at {self.next_restart_at:.0f}",
+                serving=False,
+            )
+        pending = self.state.pending_base(self.spec.name)
+        if pending is not None and pending.id == intent.to_version:
+            self.state.mark_failed(pending.id, now)
+        return self._end(
+            intent, Outcome.FAILED, self._reason(intent, f"the start failed: {why}"), serving=False
+        )
 
     # -- the pieces ----------------------------------------------------------------------------
-    def _stop(self) -> None:
-        process = self.process or self._adopt_recorded()
-        if process is not None:
-            process.stop(timeout=self.spec.drain_seconds + 30)
-        self.process = None
-
-    def _launch(self, version: int) -> float:
-        """Spawn the engine with ``version``'s settings; record its identity; return the
-        monotonic time it was started at."""
-        settings = self.state.version(version).settings
-        if self.runner.waits_for_room:
-            self._wait_for_room(settings)
-        argv = self.spec.argv(settings)
-        started = self.clock.monotonic()
-        try:
-            process = self.runner.spawn(argv)
-        except ProcessError as error:
-            raise _StartFailed(str(error)) from None
-        self.on_step("spawned")
-        self._record(process, version, spawned=argv)
-        return started
-
-    def _wait_for_room(self, settings: Mapping[str, Any]) -> None:
-        """Wait until the GPU has the memory ``settings`` need (the old engine's processes may
-        still be releasing theirs, a neighbour may hold it); vLLM would refuse to start."""
-        deadline = self.clock.monotonic() + self.spec.gpu_wait_seconds
-        while (short := self.room(settings)) is not None:
-            if self.clock.monotonic() >= deadline:
-                raise _StartFailed(f"GPU memory still short after {self.spec.gpu_wait_seconds:g} s: {short}")
-            self.clock.sleep(1.0)
-
     def _record(self, process: Engine, version: int, spawned: Sequence[str] | None = None) -> None:
         """``process`` runs ``version`` now; ``spawned``: the argv tunerd gave exec (None for
         an engine tunerd found rather than started)."""
@@ -429,6 +831,7 @@ class Supervisor:
             self.process.close()
         self.process = process
         self._crash = None
+        self._settle = None
         identity = process.identity
         self.state.set_running(
             self.spec.name,
@@ -445,23 +848,6 @@ class Supervisor:
             return self.spec.startup_timeout
         return max(60.0, math.ceil(3 * measured))  # a known start, with room for a slow disk
 
-    def _verify(self, version: int) -> None:
-        """``/health`` 200 and the KV-size line, before the start-up timeout."""
-        process = self.process
-        assert process is not None
-        deadline = self.clock.monotonic() + self._timeout(version)
-        while True:
-            if not process.alive():
-                crash = self._diagnose_exited(process).crash
-                detail = f"{crash.kind}: {crash.message}" if crash else "no failure text in the log"
-                raise _StartFailed(f"the engine exited during start-up ({detail})")
-            diagnosis = self._diagnose(process)
-            if diagnosis.kv_cache_size_tokens is not None and self.healthy():
-                return
-            if self.clock.monotonic() >= deadline:
-                raise _StartFailed(f"not healthy after {self._timeout(version):g} s")
-            self.clock.sleep(_POLL_S)
-
     def diagnose(self) -> LogDiagnosis | None:
         """What the running engine's log says (start-up figures, a crash), or None."""
         return None if self.process is None else self._diagnose(self.process)
@@ -471,34 +857,23 @@ class Supervisor:
             lines = process.log_path.read_text(errors="replace").splitlines()
         except OSError:
             lines = []
-        returncode = process.returncode
-        return LogDiagnoser().feed_many(lines).result(exit_code=returncode)
+        return LogDiagnoser().feed_many(lines).result(exit_code=process.returncode)
 
-    def _diagnose_exited(self, process: Engine) -> LogDiagnosis:
+    def _settled_diagnosis(self, process: Engine) -> LogDiagnosis | None:
         """The diagnosis of an engine whose main process is gone, once its log has caught up
-        (read too early, the failure text is not there yet: "nothing recognised")."""
+        (read too early, the failure text is not there yet: "nothing recognised"); None while
+        it may still grow."""
         if process.log_settled():
             return self._diagnose(process)  # no writer left: nothing to wait for
-        deadline = self.clock.monotonic() + _LOG_SETTLE_S
-        size, still_since = _log_size(process.log_path), self.clock.monotonic()
-        while self.clock.monotonic() < deadline:
-            self.clock.sleep(0.1)
-            now, current = self.clock.monotonic(), _log_size(process.log_path)
-            if current != size:
-                size, still_since = current, now
-            elif now - still_since >= _LOG_STILL_S:
-                break
-        return self._diagnose(process)
-
-    def _probation(self) -> None:
-        process = self.process
-        assert process is not None
-        deadline = self.clock.monotonic() + self.spec.probation_seconds
-        while self.clock.monotonic() < deadline:
-            if not process.alive():
-                crash = self._diagnose_exited(process).crash
-                raise _StartFailed(f"crashed in probation ({crash.kind if crash else 'no failure text'})")
-            self.clock.sleep(_POLL_S)
+        now, size = self.clock.monotonic(), _log_size(process.log_path)
+        watch = self._settle
+        if watch is None or watch.pid != process.pid:
+            self._settle = watch = _Settle(process.pid, now, size, now)
+        elif size != watch.size:
+            watch.size, watch.still_since = size, now
+        if now - watch.still_since >= _LOG_STILL_S or now - watch.since >= _LOG_SETTLE_S:
+            return self._diagnose(process)
+        return None
 
     def _adopt_recorded(self) -> Engine | None:
         record = self.state.engine(self.spec.name)
@@ -513,19 +888,29 @@ class Supervisor:
         now = self.clock.now()
         return EngineFacts(
             restarts=self.state.restart_times(self.spec.name, now - self.guards.window),
-            in_flight=any(i.engine == self.spec.name for i in self.state.intents()),
+            in_flight=self.in_flight(),
             held=bool(record and record.held),
             pinned=bool(record and record.pinned),
             paused=record.paused if record else None,
         )
 
     def crashed(self) -> dict[str, Any] | None:
-        """The engine's crash (kind, phase, message… from its log) if its process is gone, else
-        None. The run loop turns it into an ``engine_crash`` event before the policies run."""
-        if self.process is None or self.process.alive():
+        """The engine's crash (kind, phase, message… from its log) once its process is gone and
+        its log has caught up, else None; never while a saga (which watches its own engine) is
+        in flight. The run loop turns it into an ``engine_crash`` event before the policies
+        run."""
+        if self.process is None or self.process.alive() or self.in_flight():
             return None
         if self._crash is None:
-            diagnosis = self._diagnose_exited(self.process)
+            successor = self.runner.successor(self.process)
+            if successor.pending:
+                return None  # systemd is still stopping or starting the unit
+            if successor.engine is not None:
+                self._restarted_by_person(successor.engine)
+                return None
+            diagnosis = self._settled_diagnosis(self.process)
+            if diagnosis is None:
+                return None
             self._crash = (
                 diagnosis.crash.to_dict()
                 if diagnosis.crash
@@ -534,6 +919,65 @@ class Supervisor:
             self._crash["exit_code"] = self.process.returncode
         return self._crash
 
+    def _restarted_by_person(self, engine: Engine) -> None:
+        """A person restarted the engine through its manager (``systemctl restart``): not a
+        crash, and not tunerd's restart — it counts toward neither the crash loops nor the
+        budget. Flags they changed (the unit's environment file) become the new base and
+        tuning pauses, as for any change of theirs."""
+        record = self.state.engine(self.spec.name)
+        old = self.process
+        if record is None or record.running is None or old is None:
+            return
+        now = self.clock.now()
+        running = self.state.version(record.running).settings
+        theirs = settings_from_argv(engine.identity.argv)
+        how = f"pid {old.pid} → {engine.pid}"
+        if theirs == _set(running):
+            self.state.record_action(
+                engine=self.spec.name,
+                kind="adopt",
+                mode=self.mode,
+                outcome="succeeded",
+                reason=f"restarted by a person through its manager ({how}): not a crash; the same settings",
+                now=now,
+                from_settings=running,
+                to_settings=running,
+                evidence={
+                    "asked_by": "the engine's manager (systemctl restart)",
+                    "argv": list(engine.identity.argv),
+                },
+            )
+            self._record(engine, record.running)
+            self.on_step(f"restarted by a person ({how})")
+            return
+        changed = ", ".join(changes(running, theirs))
+        why = (
+            f"the engine was restarted by a person with other flags ({how}; {changed}): "
+            "adopted as the new base"
+        )
+        version = self.state.add_version(self.spec.name, theirs, "adopt", now)
+        self.state.record_action(
+            engine=self.spec.name,
+            kind="adopt",
+            mode=self.mode,
+            outcome="succeeded",
+            reason=why,
+            now=now,
+            from_settings=running,
+            to_settings=theirs,
+            evidence={
+                "asked_by": "the engine's manager (systemctl restart)",
+                "argv": list(engine.identity.argv),
+            },
+        )
+        self._record(engine, version)
+        self.state.promote(self.spec.name, version)
+        self.state.set_flags(
+            self.spec.name, paused=f"{why}; tuning paused until `tunerd resume {self.spec.name}`"
+        )
+        self.adopted_by_hand = why
+        self.on_step(f"restarted by a person with other flags ({how})")
+
     def check(
         self,
         tuned: Mapping[str, Any] | None = None,
@@ -541,13 +985,15 @@ class Supervisor:
         reason: str = "",
         policy: str | None = None,
         evidence: Mapping[str, Any] | None = None,
-    ) -> str | None:
-        """Deal with a dead engine (the run loop calls this each tick); say what was done.
+    ) -> CrashHandled | None:
+        """Deal with a dead engine (the run loop calls this each tick); None when it is not
+        dead (or not yet diagnosed).
 
-        A crash is recorded with its diagnosis and log tail. With ``tuned`` settings (what the
-        policies asked for after seeing the crash) the engine restarts with them; without, with
-        the same settings. A crash loop or a spent budget holds the engine instead: tuning
-        stops and last-known-good is restarted with backoff.
+        The crash is recorded with its diagnosis and log tail. With ``tuned`` settings (what
+        the policies asked for after seeing the crash, in mode act) a restart with them
+        begins; without, the same settings start again — supervision, in every mode. A crash
+        loop or a spent budget holds the engine instead: tuning stops and last-known-good is
+        restarted with backoff.
         """
         crash = self.crashed()
         if crash is None or self.process is None:
@@ -555,11 +1001,11 @@ class Supervisor:
         now = self.clock.now()
         if self.next_restart_at is not None:
             if now < self.next_restart_at:
-                return None
+                return CrashHandled(CrashResponse.WAITING, f"held: next try at {self.next_restart_at:.0f}")
             return self._restart_held()
         record = self.state.engine(self.spec.name)
         if record is None or record.running is None:
-            return None  # never started under tunerd: nothing to restart
+            return CrashHandled(CrashResponse.NOT_OURS, "never started under tunerd")
         crashed = self.state.version(record.running).settings
         since = now - self.guards.window
         rolled_back_to = (
@@ -574,32 +1020,26 @@ class Supervisor:
         tail = diagnosis_tail(self.process)
         may_tune = may_change(self.facts(), self.guards, now, settle=False) is None  # pinned, paused…
         if tuned is not None and dict(tuned) != crashed and may_tune and not (loop or spent):
-            result = self.restart(
+            self.begin_restart(
                 tuned,
                 reason=f"{crashed_because}; {reason}".rstrip("; "),
                 policy=policy,
                 evidence={**dict(evidence or {}), "crash": crash, "log_lines": tail},
                 after_crash=True,
             )
-            return f"restarted with tuned settings after {crash['kind']}: {result.outcome}"
-        action = self.state.record_action(
-            engine=self.spec.name,
-            kind="restart",
-            mode=self.mode,
-            outcome="applied",
-            reason=crashed_because,
-            now=now,
-            from_settings=crashed,
-            to_settings=crashed,
-            evidence={"crash": crash, "log_lines": tail},
-        )
+            return CrashHandled(CrashResponse.TUNING, f"restarting with tuned settings after {crash['kind']}")
         if loop or spent or record.held:
             why = "crash loop" if loop else ("restart budget spent" if spent else "engine is held")
-            self.state.update_action(
-                action,
-                "skipped",
-                now,
-                f"{crashed_because}; {why}: holding, last-known-good restarts with backoff",
+            self.state.record_action(
+                engine=self.spec.name,
+                kind="restart",
+                mode=self.mode,
+                outcome="skipped",
+                reason=f"{crashed_because}; {why}: holding, last-known-good restarts with backoff",
+                now=now,
+                from_settings=crashed,
+                to_settings=crashed,
+                evidence={"crash": crash, "log_lines": tail},
             )
             if not record.held:
                 self.state.set_flags(self.spec.name, held=True)
@@ -615,79 +1055,52 @@ class Supervisor:
                 self.on_held(f"{why} after {crash['kind']} ({crash['message']}): tuning stopped")
             self._held_attempts += 1
             self.next_restart_at = now + backoff_seconds(self._held_attempts, self.guards)
-            return f"held ({why}); restarting last-known-good at {self.next_restart_at:.0f}"
-        try:
-            self._launch(record.running)
-            self._verify(record.running)
-            self._post_start(action)
-        except _StartFailed as failure:
-            self.state.update_action(
-                action, "failed", self.clock.now(), f"restart after crash failed: {failure}"
+            return CrashHandled(
+                CrashResponse.HELD, f"held ({why}); restarting last-known-good at {self.next_restart_at:.0f}"
             )
-            return f"restart after crash failed: {failure}"
-        self.state.update_action(action, "succeeded", self.clock.now())
-        return f"restarted after {crash['kind']}"
+        self._begin_recover(record.running, crashed_because, {"crash": crash, "log_lines": tail})
+        return CrashHandled(
+            CrashResponse.RESTARTING, f"restarting after {crash['kind']} with the same settings"
+        )
 
-    def _restart_held(self) -> str:
+    def _restart_held(self) -> CrashHandled:
         record = self.state.engine(self.spec.name)
         assert record is not None
         good = record.last_known_good or record.running
         assert good is not None
-        now = self.clock.now()
-        action = self.state.record_action(
-            engine=self.spec.name,
-            kind="restart",
-            mode=self.mode,
-            outcome="applied",
-            reason=f"held: restarting last-known-good (attempt {self._held_attempts})",
-            now=now,
-            to_settings=self.state.version(good).settings,
-        )
-        try:
-            self._launch(good)
-            self._verify(good)
-        except _StartFailed as failure:
-            self.state.update_action(action, "failed", self.clock.now(), str(failure))
-            self._held_attempts += 1
-            self.next_restart_at = self.clock.now() + backoff_seconds(self._held_attempts, self.guards)
-            return f"last-known-good failed to start; next try at {self.next_restart_at:.0f}"
-        self.state.update_action(action, "succeeded", self.clock.now())
-        self.next_restart_at = None
-        return "last-known-good restarted (still held)"
+        self._begin_recover(good, f"held: restarting last-known-good (attempt {self._held_attempts})")
+        return CrashHandled(CrashResponse.RESTARTING, "held: restarting last-known-good")
 
     # -- after tunerd starts ------------------------------------------------------------------------
-    def reconcile(self) -> str:
-        """Make reality and state agree after tunerd (re)starts; say what was done."""
-        intent = next((i for i in self.state.intents() if i.engine == self.spec.name), None)
-        if intent is not None and intent.from_version is not None and intent.to_version is not None:
-            return self._resume(intent.step, intent.action_id, intent.from_version, intent.to_version)
+    def reconcile(self) -> Reconciled:
+        """Make reality and state agree after tunerd (re)starts: resume the saga in flight,
+        adopt the engine that serves, or begin a start. Nothing here waits."""
+        intent = self.state.intent(self.spec.name)
+        if intent is not None and intent.to_version is not None:
+            return self._resume(intent)
         record = self.state.engine(self.spec.name)
         if record is None or record.running is None:
-            return "no engine recorded"
+            return Reconciled("no_engine", "no engine recorded")
         self.process = self._adopt_recorded()
         if self.process is not None:
-            return f"adopted pid {self.process.pid}"
+            return Reconciled("adopted", f"adopted pid {self.process.pid}")
         by_hand = self._adopt_by_hand()
         if by_hand is not None:
             return by_hand
         pending = self.state.pending_base(self.spec.name)  # a person's config not yet applied
-        version = record.running if pending is None else pending.id
-        try:
-            self._launch(version)
-            self._verify(version)
-        except _StartFailed as failure:
-            if pending is not None:
-                self.state.mark_failed(pending.id, self.clock.now())
-            return f"engine was down; restarting it failed: {failure}"
         if pending is not None:
-            self.state.promote(self.spec.name, version)
-            return "engine was down; started with the settings a person wrote in the config"
-        return "engine was down; restarted with its recorded settings"
+            self._begin_recover(
+                pending.id, "the engine was down: starting it with the settings a person wrote"
+            )
+            return Reconciled("recovering", "engine was down; starting it with the settings a person wrote")
+        self._begin_recover(record.running, "the engine was down when tunerd started")
+        return Reconciled("recovering", "engine was down; starting it with its recorded settings")
 
-    def _adopt_by_hand(self) -> str | None:
+    def _adopt_by_hand(self) -> Reconciled | None:
         """tunerd's engine is gone and another process listens on its port: a person started
-        one by hand. Its flags become the new base (a ``source: adopt`` version, last-known-good:
-        it serves), tuning pauses, and :attr:`adopted_by_hand` says why for the alert."""
+        one by hand. Unless its tunables and command (tunables aside) are the recorded ones,
+        its flags become the new base (a ``source: adopt`` version, last-known-good: it
+        serves), tuning pauses, and :attr:`adopted_by_hand` says why for the alert."""
         record = self.state.engine(self.spec.name)
         port = urlsplit(self.spec.url).port
         if record is None or record.running is None or port is None:
@@ -700,10 +1113,10 @@ class Supervisor:
         before = self.state.version(record.running).settings
         theirs = settings_from_argv(identity.argv)
         same_command = record.argv is None or without_tunables(identity.argv) == without_tunables(record.argv)
-        if same_command and theirs == {knob: value for knob, value in before.items() if value is not None}:
+        if same_command and theirs == _set(before):
             # the recorded settings and command (both as /proc shows them): ours, under a new PID
             self._record(process, record.running)
-            return f"adopted pid {identity.pid} (the recorded settings)"
+            return Reconciled("adopted", f"adopted pid {identity.pid} (the recorded settings)")
         changed = ", ".join(changes(before, theirs))
         why = (
             f"the engine was started outside tunerd (pid {identity.pid}; "
@@ -727,38 +1140,46 @@ class Supervisor:
             self.spec.name, paused=f"{why}; tuning paused until `tunerd resume {self.spec.name}`"
         )
         self.adopted_by_hand = why
-        return f"adopted pid {identity.pid}, started by a person"
+        return Reconciled("by_hand", f"adopted pid {identity.pid}, started by a person")
 
-    def _resume(self, step: str, action: int, old: int, new: int) -> str:
-        if step == "intent":
+    def _resume(self, intent: Intent) -> Reconciled:
+        """An intent a killed tunerd left: set up for its step; the loop advances it."""
+        assert intent.to_version is not None
+        step = Step(intent.step)
+        if step is Step.INTENT:
             self.process = self._adopt_recorded()
             if self.process is not None:
                 self.state.update_action(
-                    action, "skipped", self.clock.now(), "tunerd stopped before the restart began"
+                    intent.action_id, "skipped", self.clock.now(), "tunerd stopped before the restart began"
                 )
                 self.state.clear_intent(self.spec.name)
-                return "cancelled a restart that had not begun"
-            step = "starting"  # the old engine is gone anyway: bring up the new settings
-        if step == "starting":
-            found = self._find_new(new)
+                return Reconciled("cancelled", "cancelled a restart that had not begun")
+            step = Step.STARTING  # the old engine is gone anyway: bring up the new settings
+        elif step is Step.STARTING:
+            found = self.runner.find_new(self.spec.argv(self.state.version(intent.to_version).settings))
             if found is not None:
                 record = self.state.engine(self.spec.name)
-                if record and record.running == new and record.pid == found.pid:
+                if record and record.running == intent.to_version and record.pid == found.pid:
                     self.process = found  # spawned and recorded: only the step was not advanced
                 else:
-                    self._record(found, new, spawned=self.spec.argv(self.state.version(new).settings))
-                step = "verifying"
-            else:
-                old_engine = self._adopt_recorded()  # the stop had finished: nothing should be left
-                if old_engine is not None:
-                    old_engine.stop(timeout=self.spec.drain_seconds + 30)
-        elif step in ("verifying", "probation"):
+                    spawned = self.spec.argv(self.state.version(intent.to_version).settings)
+                    self._record(found, intent.to_version, spawned=spawned)
+                step = Step.VERIFYING
+            elif (old := self._adopt_recorded()) is not None:
+                self.process = old  # the stop had not finished: finish it first
+                step = Step.STOPPING
+        elif step is Step.STOPPING:
             self.process = self._adopt_recorded()
+        else:  # verifying, probation: the recorded engine is the new one, if it lives
+            record = self.state.engine(self.spec.name)
+            self.process = self._adopt_recorded() if record and record.running == intent.to_version else None
             if self.process is None:
-                result = self._roll_back(action, old, new, "the new engine died while tunerd was down")
-                return f"rolled back ({result.outcome})"
-        result = self._from_step(step, action, old, new)
-        return f"finished an interrupted restart from '{step}': {result.outcome}"
-
-    def _find_new(self, version: int) -> Engine | None:
-        return self.runner.find_new(self.spec.argv(self.state.version(version).settings))
+                self.process = None
+                failed = self._failed(intent, "the new engine died while tunerd was down")
+                if failed is not None:
+                    return Reconciled("resumed", f"an interrupted {intent.kind} ended: {failed.outcome}")
+                return Reconciled("resumed", f"rolling back an interrupted {intent.kind}")
+        if str(step) != intent.step:
+            self.state.advance_intent(self.spec.name, str(step), self.clock.now())
+        self._phase = None
+        return Reconciled("resumed", f"resuming an interrupted {intent.kind} from '{intent.step}'")

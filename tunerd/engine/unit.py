@@ -41,14 +41,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
-from tunerd.engine.process import Identity, ProcessError, StopResult, read_identity, rotate
+from tunerd.engine.process import Identity, ProcessError, StopResult, Successor, read_identity, rotate
 
-__all__ = ["SystemdRunner", "UnitEngine", "env_file_text", "parse_show", "parse_timespan", "unit_problems"]
+__all__ = [
+    "SystemdRunner",
+    "UnitEngine",
+    "UnitStart",
+    "env_file_text",
+    "parse_show",
+    "parse_timespan",
+    "unit_problems",
+]
 
 _UNIT_SHOW = ("LoadState", "KillMode", "Restart", "TimeoutStopUSec")
 _TIMESPAN = re.compile(r"(\d+(?:\.\d+)?)\s*(us|ms|s|min|h|d|w)?")
 _UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_SHOW = ("MainPID", "ActiveState", "SubState", "ExecMainCode", "ExecMainStatus", "InvocationID")
+_SHOW = ("MainPID", "ActiveState", "SubState", "ExecMainCode", "ExecMainStatus", "InvocationID", "Job")
+#: systemd is between a stop and a start: what the unit runs next is not decided yet
+_MOVING = ("activating", "deactivating", "reloading")
 _CALL_TIMEOUT_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # systemd's CLD_* codes in ExecMainCode: how the main process ended
@@ -128,6 +138,7 @@ class SystemdRunner:
     """Restarts and reads one unit with ``systemctl`` and ``journalctl`` from ``PATH``."""
 
     waits_for_room = False  # the old engine still holds its memory until systemd stops it
+    stops_in_start = True  # `systemctl restart` stops the old engine as the unit says, then starts
 
     def __init__(
         self,
@@ -214,9 +225,21 @@ class SystemdRunner:
     # -- what the supervisor asks -----------------------------------------------------------------
     def spawn(self, flags: Sequence[str]) -> UnitEngine:
         """Write the flags, ``systemctl restart`` the unit (systemd stops the old engine first),
-        and follow the new engine's output."""
+        and follow the new engine's output — waiting for all of it (scripts and tests; the
+        saga uses :meth:`start`)."""
         self.write_env(flags)
         self._systemctl("restart", self.unit, timeout=self.restart_timeout)
+        return self.started()
+
+    def start(self, flags: Sequence[str]) -> UnitStart:
+        """Write the flags and begin ``systemctl restart`` without waiting for it: systemd
+        drains and stops the old engine (``TimeoutStopSec``) and starts the new one, for
+        minutes; :meth:`UnitStart.poll` looks whether it is done."""
+        self.write_env(flags)
+        return UnitStart(self, self.clock)
+
+    def started(self) -> UnitEngine:
+        """The engine the unit runs after a restart: its main process, its journal followed."""
         main = self._main()
         if main is None:
             shown = self.show()
@@ -253,6 +276,24 @@ class SystemdRunner:
         main = self._main()
         return None if main is None else self._engine(*main)
 
+    def successor(self, engine: UnitEngine) -> Successor:
+        """The recorded main process is gone: what took its place. A person's ``systemctl
+        restart`` shows as a new ``InvocationID`` with a live main process — a restart, not a
+        crash; while a job runs on the unit (``Job``) or it is activating or deactivating, it is
+        too early to say; otherwise the engine died (a crash)."""
+        try:
+            shown = self.show()
+        except ProcessError:
+            return Successor(None, pending=True)  # systemctl did not answer: look again
+        if shown.get("Job", "").strip() not in ("", "0") or shown.get("ActiveState") in _MOVING:
+            return Successor(None, pending=True)
+        invocation = shown.get("InvocationID", "")
+        if invocation and invocation != engine.invocation:
+            main = self._main()
+            if main is not None and main[1] == invocation:
+                return Successor(self._engine(*main))
+        return Successor(None)
+
     def find_new(self, flags: Sequence[str]) -> UnitEngine | None:
         """After an interrupted restart: the unit's running engine was started with ``flags``
         (its own argv ends in them — the environment file alone may have been written before
@@ -264,6 +305,47 @@ class SystemdRunner:
         if live is None or not flags or live.argv[-len(flags) :] != tuple(flags):
             return None
         return self._engine(*main)
+
+
+class UnitStart:
+    """``systemctl restart UNIT`` running as a child of tunerd; :meth:`poll` answers None until
+    it has returned, then the new engine (or :class:`ProcessError`: it failed, or outlasted the
+    runner's ``restart_timeout``)."""
+
+    def __init__(self, runner: SystemdRunner, clock: Clock) -> None:
+        self.runner = runner
+        self.clock = clock
+        self.started = clock.monotonic()
+        self.argv = ["systemctl", "restart", runner.unit]
+        try:
+            self._popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        except OSError as error:
+            raise ProcessError(f"{shlex.join(self.argv)}: {error}") from None
+
+    def detail(self) -> str:
+        return f"{shlex.join(self.argv)} running for {self.clock.monotonic() - self.started:.0f} s"
+
+    def poll(self) -> UnitEngine | None:
+        code = self._popen.poll()
+        if code is None:
+            if self.clock.monotonic() - self.started < self.runner.restart_timeout:
+                return None
+            self._popen.kill()
+            self._popen.communicate()
+            raise ProcessError(
+                f"{shlex.join(self.argv)} did not return within {self.runner.restart_timeout:g} s"
+            )
+        out, err = self._popen.communicate()
+        if code != 0:
+            said = (err or out).strip().splitlines()
+            raise ProcessError(f"{shlex.join(self.argv)} exited {code}: {said[-1] if said else 'no output'}")
+        return self.runner.started()
 
 
 class UnitEngine:
@@ -340,3 +422,13 @@ class UnitEngine:
         then SIGKILL after ``TimeoutStopSec``). Stops the journal copy."""
         self.close()
         return StopResult("deferred", 0.0, None)
+
+    # systemd stops the unit's processes itself: tunerd never signals them
+    def terminate(self) -> None:
+        """Nothing: the stop is part of ``systemctl restart``."""
+
+    def kill_group(self) -> None:
+        """Nothing: ``KillMode=mixed`` and ``TimeoutStopSec`` are systemd's."""
+
+    def members(self) -> list[int]:
+        return []

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tunerd import detect
+from tunerd.outcomes import Health, Mode, PolicyStatus
 from tunerd.policy.schema import (
     AllOf,
     AnyOf,
@@ -47,9 +48,16 @@ from tunerd.policy.schema import (
 from tunerd.store import Store
 from tunerd.tune import TuneResult, apply_tune
 
-__all__ = ["ActionPlan", "EngineContext", "PolicyState", "evaluate", "matures_at", "new_states"]
+__all__ = [
+    "ActionPlan",
+    "EngineContext",
+    "NotifyRequest",
+    "PolicyState",
+    "evaluate",
+    "matures_at",
+    "new_states",
+]
 
-MODE_ORDER = {"observe": 0, "advise": 1, "act": 2}
 _CATEGORY_ORDER = {"crash": 0, "memory": 1, "saturation": 2, "other": 3}
 _MEMORY_METRICS = {
     "engine_memory_bytes",
@@ -77,22 +85,31 @@ class EngineContext:
     bounds: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     ladders: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     failed: Mapping[str, Sequence[Any]] = field(default_factory=dict)  # values that failed lately
-    mode: str = "advise"  # the global mode
+    mode: Mode = Mode.ADVISE  # the global mode
     observed_since: float = 0.0  # when tunerd started watching (for no_event)
 
 
 @dataclass(frozen=True)
 class PolicyState:
     name: str
-    state: str = "inactive"  # inactive | pending | firing | cooldown
+    state: PolicyStatus = PolicyStatus.INACTIVE
     since: float | None = None
     cooldown_until: float | None = None
     last_fired: float | None = None
     last_evaluated: float | None = None
     holds: Mapping[tuple[int, ...], float | None] = field(default_factory=dict)
-    health: str = "ok"
+    health: Health = Health.OK
     last_error: str | None = None
     clear: bool = True  # the condition does not hold, not even pending its `for` (a resolve is due)
+
+
+@dataclass(frozen=True)
+class NotifyRequest:
+    """A policy's ``notify`` action in a plan: who asked, how loud, to which sinks."""
+
+    policy: str
+    severity: str  # info | warning | critical
+    sinks: tuple[str, ...] | None = None  # None: every sink
 
 
 @dataclass(frozen=True)
@@ -102,14 +119,14 @@ class ActionPlan:
     engine: str
     time: float
     policies: tuple[str, ...]
-    mode: str
+    mode: Mode
     before: Mapping[str, Any]
     after: Mapping[str, Any]
     tunes: tuple[TuneResult, ...] = ()
     restart: RestartSpec | None = None
     rollback: bool = False
     hold: bool = False
-    notify: tuple[tuple[str, str, tuple[str, ...] | None], ...] = ()  # (policy, severity, sinks)
+    notify: tuple[NotifyRequest, ...] = ()
     evidence: Mapping[str, Any] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
 
@@ -141,7 +158,7 @@ def matures_at(policies: Sequence[Policy], states: Mapping[str, PolicyState], no
     due: float | None = None
     for policy in policies:
         state = states.get(policy.name)
-        if state is None or state.state != "pending":
+        if state is None or state.state is not PolicyStatus.PENDING:
             continue
         for path, duration in _durations(policy.when):
             since = state.holds.get(path)
@@ -289,23 +306,29 @@ def _category(node: Any) -> str:
     return min(kinds, key=_CATEGORY_ORDER.__getitem__) if kinds else "other"
 
 
-def _mode(policy: Policy, global_mode: str) -> str:
-    wanted = policy.mode or global_mode
-    return wanted if MODE_ORDER[wanted] <= MODE_ORDER[global_mode] else global_mode
+def _mode(policy: Policy, global_mode: Mode) -> Mode:
+    """A policy's own mode, never more than the global one."""
+    return min(Mode(policy.mode or global_mode), Mode(global_mode))
+
+
+def _notify(policy: Policy, action: NotifyAction) -> NotifyRequest:
+    return NotifyRequest(
+        policy.name, action.notify.severity, tuple(action.notify.to) if action.notify.to else None
+    )
 
 
 def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, now: float) -> ActionPlan:
     fired = sorted(fired, key=lambda item: _CATEGORY_ORDER[_category(item[0].when)])
     # Only the policies at the plan's mode act; a more careful one (advise under act) does not
     # hold the others back: it is reported as a proposal and its alerts still go out.
-    mode = max((_mode(policy, context.mode) for policy, _ in fired), key=MODE_ORDER.__getitem__)
+    mode = max(_mode(policy, context.mode) for policy, _ in fired)
     proposals = [policy for policy, _ in fired if _mode(policy, context.mode) != mode]
     settings = dict(context.settings)
     tunes: list[TuneResult] = []
     touched: set[str] = set()
     restart: RestartSpec | None = None
     rollback = hold = False
-    notify: list[tuple[str, str, tuple[str, ...] | None]] = []
+    notify: list[NotifyRequest] = []
     reasons: list[str] = []
 
     def tune(knobs: Mapping[str, Any], dry: bool = False) -> list[TuneResult]:
@@ -341,13 +364,7 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
         if policy in proposals:
             for action in policy.then:
                 if isinstance(action, NotifyAction):
-                    notify.append(
-                        (
-                            policy.name,
-                            action.notify.severity,
-                            tuple(action.notify.to) if action.notify.to else None,
-                        )
-                    )
+                    notify.append(_notify(policy, action))
                 elif isinstance(action, TuneAction | FirstOfAction):
                     knobs = action.tune if isinstance(action, TuneAction) else action.first_of[0].tune
                     reasons += [
@@ -377,13 +394,7 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
             elif isinstance(action, HoldAction) and action.hold:
                 hold = True
             elif isinstance(action, NotifyAction):
-                notify.append(
-                    (
-                        policy.name,
-                        action.notify.severity,
-                        tuple(action.notify.to) if action.notify.to else None,
-                    )
-                )
+                notify.append(_notify(policy, action))
         tunes += policy_tunes
         reasons += [f"{policy.name}: {result.reason}" for result in policy_tunes]
         if wants_restart is not None:
@@ -436,7 +447,7 @@ def evaluate(
             result = evaluation.run(policy.when)
         except Exception as error:  # one broken policy must not stop the others
             new[policy.name] = replace(
-                state, health="error", last_error=f"{type(error).__name__}: {error}", last_evaluated=now
+                state, health=Health.ERROR, last_error=f"{type(error).__name__}: {error}", last_evaluated=now
             )
             continue
         holds = evaluation.holds
@@ -445,8 +456,8 @@ def evaluate(
             fired.append((policy, evaluation.evidence))
             new[policy.name] = PolicyState(
                 policy.name,
-                "firing",
-                since=state.since if state.state == "pending" else now,
+                PolicyStatus.FIRING,
+                since=state.since if state.state is PolicyStatus.PENDING else now,
                 cooldown_until=now + policy.cooldown if policy.cooldown else None,
                 last_fired=now,
                 last_evaluated=now,
@@ -456,14 +467,16 @@ def evaluate(
             continue
         pending = any(since is not None for since in holds.values())
         if cooling:
-            status, since = "cooldown", state.since
+            status, since = PolicyStatus.COOLDOWN, state.since
         elif pending:
-            status = "pending"
+            status = PolicyStatus.PENDING
             since = (
-                state.since if state.state == "pending" else min(s for s in holds.values() if s is not None)
+                state.since
+                if state.state is PolicyStatus.PENDING
+                else min(s for s in holds.values() if s is not None)
             )
         else:
-            status, since = "inactive", None
+            status, since = PolicyStatus.INACTIVE, None
         new[policy.name] = PolicyState(
             policy.name,
             status,
@@ -481,6 +494,6 @@ def evaluate(
     except Exception as error:  # a plan that cannot be built is the firing policies' error
         for policy, _ in fired:
             new[policy.name] = replace(
-                new[policy.name], health="error", last_error=f"plan: {type(error).__name__}: {error}"
+                new[policy.name], health=Health.ERROR, last_error=f"plan: {type(error).__name__}: {error}"
             )
         return new, None

@@ -86,7 +86,7 @@ def _describe(plan: ActionPlan) -> str:
         parts.append("rollback")
     if plan.hold:
         parts.append("hold")
-    parts += [f"notify {severity}" for _, severity, _ in plan.notify]
+    parts += [f"notify {request.severity}" for request in plan.notify]
     return f"at {plan.time:g}s ({', '.join(plan.policies)}): {', '.join(parts) or 'nothing'}"
 
 
@@ -105,7 +105,7 @@ def _matches(plan: ActionPlan, expected: dict[str, Any]) -> bool:
     )
     if expected.get("notify") and not plan.notify:
         return False
-    return not (severity and severity not in {level for _, level, _ in plan.notify})
+    return not (severity and severity not in {request.severity for request in plan.notify})
 
 
 def _run_one(

@@ -5,6 +5,7 @@ They hold unit state under ``$STANDIN_SYSTEMD_DIR``::
 
     units/UNIT            the unit file, in systemd's syntax ([Service] ExecStart=…)
     run/UNIT.json         MainPID, InvocationID, ActiveState, ExecMainCode, ExecMainStatus
+    run/UNIT.job          the job systemd is running on the unit (start, stop, restart), while it runs
     journal/UNIT.jsonl    every output line: {"inv": InvocationID, "t": time, "m": line}
     calls.log             every systemctl call, one argv a line
 
@@ -23,7 +24,10 @@ systemctl(1), journalctl(1)) and as checked against systemd 252 on this machine'
   the unit after it exits or after ``TimeoutStopSec`` (default 90 s);
 - ``systemctl show UNIT -p A -p B`` (or ``--property=A,B``) prints ``A=…`` lines; MainPID is 0
   when nothing runs; ExecMainCode is 1 (exited) or 2 (killed), ExecMainStatus the exit code or
-  signal;
+  signal; ``Job`` is the id of the job in progress on the unit (a ``systemctl restart``, even
+  between the old main process's exit and the new one's start), empty when there is none —
+  systemctl prints the D-Bus property ``Job (uo)``'s id this way (not checked here: no running
+  systemd on this machine);
 - ``journalctl -u UNIT [-f] -o cat [_SYSTEMD_INVOCATION_ID=ID]`` prints the messages only.
 """
 
@@ -258,6 +262,10 @@ def manage(unit: str, invocation: str, argv: list[str]) -> None:
     )
 
 
+def _job_path(unit: str) -> Path:
+    return ROOT / "run" / f"{unit}.job"
+
+
 def systemctl(args: list[str]) -> int:
     with (ROOT / "calls.log").open("a") as calls:
         calls.write(shlex.join(["systemctl", *args]) + "\n")
@@ -266,9 +274,15 @@ def systemctl(args: list[str]) -> int:
     verb, rest = args[0], args[1:]
     if verb in ("start", "stop", "restart"):
         unit = rest[0]
-        if verb in ("stop", "restart"):
-            stop(unit)
-        return 0 if verb == "stop" else start(unit)
+        job = _job_path(unit)
+        job.parent.mkdir(parents=True, exist_ok=True)
+        job.write_text(f"{os.getpid()} {verb}\n")  # the job, while systemd works on it
+        try:
+            if verb in ("stop", "restart"):
+                stop(unit)
+            return 0 if verb == "stop" else start(unit)
+        finally:
+            job.unlink(missing_ok=True)
     if verb == "show":
         unit, props = rest[0], []
         it = iter(rest[1:])
@@ -278,6 +292,8 @@ def systemctl(args: list[str]) -> int:
             elif arg.startswith("--property="):
                 props += arg.removeprefix("--property=").split(",")
         state = {**_read_state(unit), **_unit_properties(unit)}
+        job = _job_path(unit)
+        state["Job"] = job.read_text().split()[0] if job.exists() else ""
         if state["MainPID"] and not _alive(int(state["MainPID"])):  # between exit and the record
             state = {**state, "ActiveState": "deactivating"}
         for prop in props or list(state):

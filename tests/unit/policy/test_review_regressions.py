@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tunerd.policy.engine import EngineContext, evaluate, new_states
+from tunerd.policy.engine import EngineContext, NotifyRequest, evaluate, new_states
 from tunerd.policy.schema import PolicyError, load_policy_file
 from tunerd.policy.testrun import run_test_file
 from tunerd.store import Event, Store
@@ -154,7 +154,7 @@ policies:
     assert plan.mode == "act"
     assert plan.changes == {"gpu_memory_utilization": (0.92, 0.89)}
     assert any("proposed only" in reason for reason in plan.reasons)
-    assert ("careful", "info", None) in plan.notify
+    assert NotifyRequest("careful", "info", None) in plan.notify
 
 
 def test_tunes_clamp_before_validating_and_never_step_the_wrong_way() -> None:
