@@ -27,6 +27,7 @@ from typing import Any
 from tunerd.alerting import Acted, Did, Outgoing, engine_alert, plan_alerts, saga_alerts
 from tunerd.clock import Clock
 from tunerd.config import Config, EngineConfig
+from tunerd.diagnosis import LogDiagnosis
 from tunerd.engine.args import engine_argv, settings_to_args
 from tunerd.engine.guards import is_quiet, shared_gpu_refusal
 from tunerd.engine.saga import Supervisor
@@ -34,7 +35,7 @@ from tunerd.notify.alert import Alert
 from tunerd.outcomes import CrashResponse, Mode, SagaResult
 from tunerd.policy.engine import ActionPlan, PolicyState
 from tunerd.signals import EngineMemory
-from tunerd.sources.engine_log import FileFollower, LogDiagnosis
+from tunerd.sources.engine_log import FileFollower
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot
 from tunerd.state import State
 from tunerd.store import Store

@@ -38,11 +38,13 @@ from tunerd.acting import Actor, EngineLoop
 from tunerd.alerting import Did, Outgoing
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, ConfigError, EngineConfig, load_config, notify_targets, rate_of
+from tunerd.diagnosis import LogDiagnosis
 from tunerd.engine.guards import GuardConfig, budget
 from tunerd.engine.process import copytruncate, process_tree
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
+from tunerd.gpu import GpuReading
 from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
 from tunerd.outcomes import Mode
@@ -52,8 +54,8 @@ from tunerd.sampler import Sampler
 from tunerd.scheduler import LOGS, LOOP, Jobs
 from tunerd.sdnotify import Notifier
 from tunerd.signals import ENGINE_METRIC_SIGNALS, engine_gpus, engine_memory, gpu_room, gpu_signals
-from tunerd.sources.engine_log import FileFollower, LogDiagnosis, passed_through
-from tunerd.sources.gpu import GpuReading, GpuSource
+from tunerd.sources.engine_log import FileFollower, passed_through
+from tunerd.sources.gpu import GpuSource
 from tunerd.sources.select import gpu_source
 from tunerd.sources.sim_clock import SimulatorClock
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse

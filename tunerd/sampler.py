@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
+from tunerd.gpu import GpuReading
 from tunerd.scheduler import GPU, Jobs
 from tunerd.sdnotify import Notifier
-from tunerd.sources.gpu import GpuReading, GpuSource
+from tunerd.sources.gpu import GpuSource
 
 __all__ = ["Sampler"]
 

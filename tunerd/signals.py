@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunerd.sources.gpu import GpuSample
+from tunerd.gpu import GpuSample
+from tunerd.units import GIB
 
 __all__ = [
     "ENGINE_MEMORY_SIGNALS",
@@ -28,7 +29,6 @@ __all__ = [
 
 #: vLLM's ``--gpu-memory-utilization`` when none is given.
 VLLM_DEFAULT_UTILIZATION = 0.9
-GIB = 1024**3
 
 #: Per GPU; an engine sees the GPUs it runs on and takes the worst.
 GPU_SIGNALS = (

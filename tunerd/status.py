@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from tunerd.units import GIB
 
 if TYPE_CHECKING:  # types only: `tunerd status` renders without loading the policy engine
+    from tunerd.gpu import GpuSample
     from tunerd.outcomes import Mode, Progress
     from tunerd.policy.engine import PolicyState
     from tunerd.signals import EngineMemory
-    from tunerd.sources.gpu import GpuSample
 
 __all__ = ["BILLS", "WIDTH", "bills", "engine_state", "engine_status", "render", "status_document"]
 

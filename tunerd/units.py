@@ -20,6 +20,7 @@ __all__ = [
     "GIB",
     "KIB",
     "MIB",
+    "TIB",
     "UnitError",
     "format_duration",
     "format_size",

@@ -19,7 +19,8 @@ import yaml
 from tunerd.clock import Clock
 from tunerd.config import load_config
 from tunerd.daemon import Daemon
-from tunerd.sources.gpu import OK, GpuReading, GpuSource, NoGpuSource
+from tunerd.gpu import OK, GpuReading
+from tunerd.sources.gpu import GpuSource, NoGpuSource
 from tunerd.state import State
 
 BEFORE = {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8}

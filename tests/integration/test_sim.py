@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tunerd.sources.engine_log import diagnose
+from tunerd.diagnosis import diagnose
 from tunerd.sources.vllm_metrics import MetricsSnapshot, parse
 
 pytestmark = pytest.mark.slow

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tunerd.gpu import OK, GpuReading
 from tunerd.sampler import Sampler
 from tunerd.scheduler import Jobs
 from tunerd.sdnotify import Notifier
-from tunerd.sources.gpu import OK, GpuReading
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from tunerd.gpu import GpuProcess, GpuSample
 from tunerd.signals import engine_gpus, engine_memory, gpu_room, gpu_signals
-from tunerd.sources.gpu import GpuProcess, GpuSample
 
 GIB = 1024**3
 

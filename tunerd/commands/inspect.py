@@ -15,8 +15,9 @@ from typing import Any
 
 from tunerd.commands import summary
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
-from tunerd.sources.engine_log import LogDiagnosis, diagnose
-from tunerd.sources.gpu import GpuReading, GpuSource, GpuUnavailable, require_gpus
+from tunerd.diagnosis import LogDiagnosis, diagnose
+from tunerd.gpu import GpuReading, GpuUnavailable, require_gpus
+from tunerd.sources.gpu import GpuSource
 from tunerd.sources.select import gpu_source
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse
 from tunerd.units import format_size

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunerd.demo.scenarios import Scenario
-from tunerd.demo.story import GIB, Story, clock_text, settings_text
+from tunerd.demo.story import Story, clock_text, settings_text
 from tunerd.planner.bills import KV_DTYPE_WORDS
 from tunerd.planner.gpus import gpu_profile
 from tunerd.planner.recommend import Scenario as Priced
 from tunerd.planner.recommend import Settings, evaluate, safe_utilization
 from tunerd.planner.shapes import builtin_model
+from tunerd.units import GIB
 
 __all__ = ["Check", "Sample", "bill_table", "checks", "price", "render_html", "safe_kv_tokens"]
 

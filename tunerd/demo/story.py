@@ -15,10 +15,10 @@ from typing import Any
 
 from tunerd.demo.scenarios import Scenario
 from tunerd.tune import changes
+from tunerd.units import GIB
 
 __all__ = ["TEXTS", "Mark", "Story", "Verdict", "clock_text", "settings_text"]
 
-GIB = 1024**3
 MIB = 1024**2
 
 TEXTS: dict[str, dict[str, str]] = {

@@ -59,6 +59,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
+from tunerd.diagnosis import LogDiagnoser, LogDiagnosis
 from tunerd.engine.args import engine_argv, settings_from_argv, without_tunables
 from tunerd.engine.guards import (
     EngineFacts,
@@ -70,7 +71,6 @@ from tunerd.engine.guards import (
 )
 from tunerd.engine.process import HookResult, HookRun, Identity, ProcessError, ProcessRunner, Successor
 from tunerd.outcomes import CrashResponse, Mode, Outcome, Progress, SagaKind, SagaResult, Step
-from tunerd.sources.engine_log import LogDiagnoser, LogDiagnosis
 from tunerd.sources.vllm_metrics import MetricsClient
 from tunerd.state import Intent, State
 from tunerd.tune import changes

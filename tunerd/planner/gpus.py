@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunerd.units import MIB
+from tunerd.units import GIB, MIB
 
 __all__ = ["GPU_PROFILES", "GpuProfile", "custom_gpu", "gpu_profile"]
 
@@ -43,14 +43,14 @@ class GpuProfile:
     @property
     def vllm_default_max_num_batched_tokens(self) -> int:
         """vLLM 0.33's API-server default for ``--max-num-batched-tokens`` on this card."""
-        if self.total_bytes >= 160 * 1024**3:
+        if self.total_bytes >= 160 * GIB:
             return 16384
         return 8192 if self._large else 2048
 
     @property
     def _large(self) -> bool:
         # arg_utils: 70 GiB or more, except that every A100 keeps the small defaults.
-        return self.total_bytes >= 70 * 1024**3 and not self.name.startswith("a100")
+        return self.total_bytes >= 70 * GIB and not self.name.startswith("a100")
 
 
 def _mib(value: float) -> int:
@@ -101,14 +101,14 @@ _ALIASES = {
 
 
 #: A card of this size or less is planned with consumer-card rules (the 24 GiB class).
-CONSUMER_MAX_BYTES = 32 * 1024**3
+CONSUMER_MAX_BYTES = 32 * GIB
 
 
 def custom_gpu(total_bytes: int) -> GpuProfile:
     """A card known only by its CUDA-visible total (``--gpu-mem``)."""
     return GpuProfile(
         name="custom",
-        description=f"a GPU of {total_bytes / 1024**3:.2f} GiB",
+        description=f"a GPU of {total_bytes / GIB:.2f} GiB",
         total_bytes=total_bytes,
         nvidia_smi_total_mib=0,
         consumer=total_bytes <= CONSUMER_MAX_BYTES,

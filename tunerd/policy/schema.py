@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from tunerd.diagnosis import CRASH_KINDS
 from tunerd.signals import SIGNALS
-from tunerd.sources.engine_log import CRASH_KINDS
 from tunerd.tune import TUNABLES, tune_problem
 from tunerd.units import UnitError, parse_duration, parse_size
 from tunerd.yamlfile import Located, Problem, YamlError, load_yaml, located

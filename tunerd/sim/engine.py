@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tunerd.gpu import GpuProcess, GpuSample
 from tunerd.planner.bills import (
     BLOCK_SIZE,
     KvPool,
@@ -47,7 +48,7 @@ from tunerd.planner.bills import (
 )
 from tunerd.planner.gpus import GpuProfile
 from tunerd.planner.shapes import ModelShape
-from tunerd.sources.gpu import GpuProcess, GpuSample
+from tunerd.units import GIB
 
 __all__ = [
     "CudaOutOfMemory",
@@ -59,7 +60,6 @@ __all__ = [
     "StartupFailure",
 ]
 
-GIB = 1024**3
 #: Fragmentation of the caching allocator: how many distinct step sizes (in 64-token buckets)
 #: it takes to reach ``frag_max`` above the profiled working set.
 FRAG_BUCKET_TOKENS = 64

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from tunerd.sim.engine import CudaOutOfMemory
+from tunerd.units import GIB, KIB, MIB
 
 __all__ = ["LogFormat", "gib", "oom_lines", "torch_size"]
 
@@ -21,13 +22,13 @@ VLLM_VERSION = "0.33.0"
 
 def gib(num_bytes: float) -> str:
     """vLLM's ``round(bytes / 2**30, 2)`` printed with ``%s`` (``14.99``, ``6.9``)."""
-    return str(round(num_bytes / 1024**3, 2))
+    return str(round(num_bytes / GIB, 2))
 
 
 def torch_size(num_bytes: float) -> str:
     """torch's ``format_size`` in OOM texts: ``960.00 MiB``, ``78.43 GiB``."""
     value = float(num_bytes)
-    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+    for unit, factor in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if abs(value) >= factor:
             return f"{value / factor:.2f} {unit}"
     return f"{int(value)} bytes"

@@ -33,6 +33,7 @@ from tunerd.planner.bills import VLLM_KV_DTYPE
 from tunerd.sim.board import GpuBoard
 from tunerd.sim.engine import CudaOutOfMemory, Neighbour, Request, SimEngine, SimGpu, StartupFailure
 from tunerd.sim.logtext import VLLM_VERSION, LogFormat, gib, oom_lines, startup_failure_lines
+from tunerd.units import GIB
 
 __all__ = ["ServeOptions", "SimClock", "SimServer"]
 
@@ -270,7 +271,7 @@ class SimServer:
         if not engine.settings.enforce_eager:
             self.emit(
                 self.log.engine(
-                    f"Estimated CUDA graph memory: {engine.runtime.cuda_graph_bytes / 1024**3:.2f} GiB total",
+                    f"Estimated CUDA graph memory: {engine.runtime.cuda_graph_bytes / GIB:.2f} GiB total",
                     source="gpu_model_runner.py:6410",
                 )
             )
@@ -303,7 +304,7 @@ class SimServer:
             self.emit(
                 self.log.engine(
                     f"Graph capturing finished in {options.startup_seconds * 0.3:.0f} secs, took "
-                    f"{engine.runtime.cuda_graph_bytes / 1024**3:.2f} GiB",
+                    f"{engine.runtime.cuda_graph_bytes / GIB:.2f} GiB",
                     source="gpu_model_runner.py:6517",
                 )
             )

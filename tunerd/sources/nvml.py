@@ -23,7 +23,7 @@ from typing import Any
 
 import pynvml  # the one import of NVML in tunerd
 
-from tunerd.sources.gpu import (
+from tunerd.gpu import (
     DRIVER_GONE,
     ERROR,
     LIBRARY_MISSING,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 
-from tunerd.sources.gpu import DRIVER_GONE, ERROR, GpuReading, reading_from_dict
+from tunerd.gpu import DRIVER_GONE, ERROR, GpuReading, reading_from_dict
 from tunerd.sources.http import KeptAlive
 
 __all__ = ["SimGpuSource"]

@@ -25,16 +25,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from tunerd.sources.gpu import (
-    DRIVER_GONE,
-    ERROR,
-    LIBRARY_MISSING,
-    NO_GPU,
-    OK,
-    GpuProcess,
-    GpuReading,
-    GpuSample,
-)
+from tunerd.gpu import DRIVER_GONE, ERROR, LIBRARY_MISSING, NO_GPU, OK, GpuProcess, GpuReading, GpuSample
 
 __all__ = [
     "GPU_FIELDS",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tunerd.demo.report import Sample, bill_table, checks, render_html, safe_kv_tokens
 from tunerd.demo.scenarios import SCENARIOS, scenario
-from tunerd.demo.story import GIB, Story
+from tunerd.demo.story import Story
+from tunerd.units import GIB
 
 SEED = SCENARIOS["seed"].settings
 TUNED = {**SEED, "gpu_memory_utilization": 0.94}

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tunerd.sources.engine_log import diagnose
+from tunerd.diagnosis import diagnose
 from tunerd.sources.smi import CommandResult, SmiError, SmiSource, parse_compute_apps, parse_query_gpu
 from tunerd.sources.vllm_metrics import MetricsSnapshot, parse
 

@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 
 from tests.fakes.nvml import FakeDevice, FakeNvml, FakeProcess
+from tunerd.diagnosis import diagnose
+from tunerd.gpu import GpuProcess, GpuSample
 from tunerd.signals import engine_memory
-from tunerd.sources.engine_log import FileFollower, PipeReader, diagnose
-from tunerd.sources.gpu import GpuProcess, GpuSample
+from tunerd.sources.engine_log import FileFollower, PipeReader
 from tunerd.sources.nvml import NvmlSource
 from tunerd.sources.smi import CommandResult, SmiSource
 from tunerd.sources.vllm_metrics import parse

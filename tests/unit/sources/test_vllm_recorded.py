@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tunerd.sources.engine_log import diagnose, passed_through
+from tunerd.diagnosis import diagnose
+from tunerd.sources.engine_log import passed_through
 from tunerd.sources.vllm_metrics import parse
 
 VLLM = Path(__file__).parents[2] / "data" / "vllm"

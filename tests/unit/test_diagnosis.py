@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tunerd.sources.engine_log import LogDiagnoser, diagnose
+from tunerd.diagnosis import LogDiagnoser, diagnose
 
-DATA = Path(__file__).parents[2] / "data"
+DATA = Path(__file__).parents[1] / "data"
 FAILURES = DATA / "vllm-failures"
 MIB = 1024**2
 GIB = 1024**3

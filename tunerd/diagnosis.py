@@ -1,0 +1,337 @@
+"""What a vLLM log says (DESIGN §4.4): start-up figures and crash diagnosis. Pure: lines in,
+figures and a :class:`Crash` out; no clock, no I/O — following a log file, a pipe or the
+journal is :mod:`tunerd.sources.engine_log`'s.
+
+:class:`LogDiagnoser` is fed lines and knows, at any point, what vLLM said about its memory at
+start-up and whether — and why — it died:
+
+- start-up figures: ``Model loading took X GiB`` (V0: ``Loading model weights took X GB``),
+  ``Available KV cache memory: X GiB`` (or the ``kv_cache_memory_bytes`` variant),
+  ``GPU KV cache size: N tokens`` and ``Maximum concurrency for L tokens per request: X.XXx``
+  on one line or two, or V0's ``# GPU blocks: N`` (16-token blocks);
+- a crash ``kind`` (``cuda_oom``, ``no_kv_cache_memory``, ``max_model_len_exceeds_kv``,
+  ``insufficient_free_memory``, ``invalid_config``, ``gpu_lost``, ``engine_dead``,
+  ``unknown``), its ``phase`` (before or after the server was up), the root-cause line, the
+  estimated maximum model length vLLM suggests, the size of a failed CUDA allocation and the
+  other processes an OOM text names;
+- a shutdown that was asked for (SIGTERM/SIGINT) and the errors that follow it are not a crash.
+
+ANSI colours are stripped; ``(EngineCore_DP0 pid=N)`` prefixes and timestamps are tolerated
+(patterns search inside the line). A line announcing a new server start begins a new run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunerd.units import GIB, KIB, MIB, TIB
+
+__all__ = ["CRASH_KINDS", "Crash", "LogDiagnoser", "LogDiagnosis", "diagnose", "strip_ansi"]
+
+CRASH_KINDS = (
+    "cuda_oom",
+    "no_kv_cache_memory",
+    "max_model_len_exceeds_kv",
+    "insufficient_free_memory",
+    "invalid_config",
+    "gpu_lost",
+    "engine_dead",
+    "unknown",
+)
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_UNITS = {"bytes": 1, "B": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB, "TiB": TIB}
+
+# Start-up figures.
+_MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) ?GiB|Loading model weights took ([\d.]+) ?GB")
+_AVAILABLE_KV = re.compile(
+    r"Available KV cache memory: ([\d.]+) ?GiB"
+    r"|reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes"
+    r"|Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache"  # the CPU build
+)
+_KV_SIZE = re.compile(r"\b(?:GPU|CPU|XPU|TPU|\w+) KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)")
+_V0_BLOCK_SIZE = 16
+
+# A new server process starting (a log file keeps several runs); argparse's usage line starts
+# a run that fails before printing anything else.
+_RUN_START = re.compile(r"vLLM API server version|\bnon-default args:|^usage: ")
+# Lines that quote what clients sent (uvicorn's access log, vLLM's request log): never
+# evidence of a crash or a shutdown, whatever text a client put in a path or a prompt.
+_CLIENT_TEXT = re.compile(r'^INFO: +\S+:\d+ - "|Received request |Added request |\bprompt: ')
+# The server is up: failures after this are runtime failures.
+_READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvicorn running on")
+# A shutdown someone asked for.
+_REQUESTED_SHUTDOWN = re.compile(
+    r"\[shutdown\] API server: shutdown triggered"
+    r"|\[shutdown\][^\n]*\b(?:signal|SIGTERM|SIGINT)\b"
+    r"|Received signal (?:15|2|SIGTERM|SIGINT)|received SIG(?:TERM|INT)"
+    r"|Shutting down\b(?! due)|KeyboardInterrupt"
+)
+
+# Crash evidence, most specific first. Each: kind, pattern, phase it implies (or None).
+_RULES: tuple[tuple[str, re.Pattern[str], str | None], ...] = (
+    ("cuda_oom", re.compile(r"Failed to load model - not enough GPU memory"), "startup"),
+    ("cuda_oom", re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"), None),
+    ("no_kv_cache_memory", re.compile(r"No available memory for the cache blocks"), "startup"),
+    (
+        "max_model_len_exceeds_kv",
+        re.compile(
+            r"To serve at least one request with the models?'s? max seq len"
+            r"|larger than the maximum number of tokens that can be stored in KV cache"
+        ),
+        "startup",
+    ),
+    (
+        "insufficient_free_memory",
+        re.compile(
+            r"(?:Free|Available) memory on (?:device|node)[^\n]*less than desired \w+ memory utilization"
+        ),
+        "startup",
+    ),
+    (
+        "invalid_config",
+        re.compile(
+            r"error: unrecognized arguments:|error: argument [-\w]+|ValidationError|"
+            r"is greater than the derived max_model_len|invalid choice:"
+        ),
+        "startup",
+    ),
+    ("gpu_lost", re.compile(r"GPU is lost|fallen off the bus|Xid[^\n]*\b79\b|GpuIsLost"), None),
+)
+_ENGINE_DEAD = re.compile(
+    r"EngineDeadError|EngineCore encountered a fatal error|engine core exited unexpectedly"
+    r"|Engine core proc \S+ died unexpectedly|MQLLMEngine is already dead"
+    r"|Engine core initialization failed|EngineCore failed to start"
+)
+# Evidence of when it died, wherever it appears in the run.
+_STARTUP_EVIDENCE = re.compile(
+    r"Engine core initialization failed|EngineCore failed to start|Failed to load model"
+)
+_RUNTIME_EVIDENCE = re.compile(
+    r"EngineDeadError|EngineCore encountered a fatal error|engine core exited unexpectedly"
+    r"|died unexpectedly|MQLLMEngine is already dead"
+)
+
+_TRIED = re.compile(r"Tried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
+_PROCESS_HAS = re.compile(r"Process (\d+) has ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB) memory in use")
+_THIS_PROCESS = re.compile(r"this process has ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB) memory in use")
+_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
+_V0_KV_TOKENS = re.compile(r"maximum number of tokens that can be stored in KV cache \((\d+)\)")
+# Lines after the root cause that may still carry its details (torch wraps long OOM texts).
+_DETAIL_LINES = 6
+
+
+def strip_ansi(line: str) -> str:
+    return _ANSI.sub("", line)
+
+
+def _bytes(number: str, unit: str) -> int:
+    return round(float(number) * _UNITS[unit])
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+@dataclass(frozen=True)
+class Crash:
+    kind: str
+    phase: str  # startup | runtime
+    message: str
+    estimated_max_model_len: int | None = None
+    tried_to_allocate_bytes: int | None = None
+    # (pid, bytes) of every "Process N has X memory in use" in an OOM text. In a container torch
+    # cannot tell its own host PID, so the engine itself may be listed: the daemon, which knows
+    # the engine's PIDs, removes them.
+    other_processes: tuple[tuple[int, int], ...] = ()
+    own_bytes: int | None = None  # "this process has X memory in use"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "phase": self.phase,
+            "message": self.message,
+            "estimated_max_model_len": self.estimated_max_model_len,
+            "tried_to_allocate_bytes": self.tried_to_allocate_bytes,
+            "other_processes": [{"pid": pid, "bytes": size} for pid, size in self.other_processes],
+            "own_bytes": self.own_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class LogDiagnosis:
+    """What a log says: DESIGN §4.4's fields and a few more."""
+
+    model_loading_gib: float | None = None
+    available_kv_cache_gib: float | None = None
+    kv_cache_size_tokens: int | None = None
+    max_concurrency: float | None = None
+    crash: Crash | None = None
+    max_model_len: int | None = None  # from the "Maximum concurrency for L tokens" line
+    ready: bool = False
+    shutdown_requested: bool = False
+    lines: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_loading_gib": self.model_loading_gib,
+            "available_kv_cache_gib": self.available_kv_cache_gib,
+            "kv_cache_size_tokens": self.kv_cache_size_tokens,
+            "max_concurrency": self.max_concurrency,
+            "crash": self.crash.to_dict() if self.crash else None,
+            "max_model_len": self.max_model_len,
+            "ready": self.ready,
+            "shutdown_requested": self.shutdown_requested,
+            "lines": self.lines,
+        }
+
+
+@dataclass
+class _Cause:
+    kind: str
+    phase: str | None  # fixed by the kind, or decided from the evidence at the end
+    message: str
+    ready: bool  # the server was up when this line came
+    details: list[str] = field(default_factory=list)
+
+
+class LogDiagnoser:
+    """Feed it lines as they come; :meth:`result` is the diagnosis so far.
+
+    ``serving`` says the server was already up when the first line came (a follower that
+    joined a running engine never sees its start-up lines).
+    """
+
+    def __init__(self, serving: bool = False) -> None:
+        self._reset()
+        self._ready = serving
+        self.lines = 0
+
+    def _reset(self) -> None:
+        self._loading: float | None = None
+        self._available: float | None = None
+        self._kv_tokens: int | None = None
+        self._gpu_blocks: int | None = None
+        self._concurrency: float | None = None
+        self._model_len: int | None = None
+        self._ready = False
+        self._startup_evidence = False
+        self._runtime_evidence = False
+        self._shutdown = False
+        self._cause: _Cause | None = None
+        self._dead: _Cause | None = None
+        self._pending_details = 0
+
+    def feed_many(self, lines: Iterable[str]) -> LogDiagnoser:
+        for line in lines:
+            self.feed(line)
+        return self
+
+    def feed(self, raw: str) -> None:
+        self.lines += 1
+        line = strip_ansi(raw).rstrip("\r\n")
+        if _RUN_START.search(line) and (self._ready or self._cause or self._dead or self._shutdown):
+            self._reset()  # the file holds a new run of the server
+        if self._pending_details and self._cause is not None:
+            self._cause.details.append(line)
+            self._pending_details -= 1
+        if _CLIENT_TEXT.search(line):
+            return
+        self._figures(line)
+        if _READY.search(line):
+            self._ready = True
+        if self._shutdown:
+            return  # what follows a requested shutdown is not a crash
+        if _REQUESTED_SHUTDOWN.search(line) and self._cause is None and self._dead is None:
+            self._shutdown = True  # (a shutdown after a death is the death's cleanup)
+            return
+        if _STARTUP_EVIDENCE.search(line):
+            self._startup_evidence = True
+        if _RUNTIME_EVIDENCE.search(line):
+            self._runtime_evidence = True
+        if self._cause is None:
+            for kind, pattern, phase in _RULES:
+                if kind == "invalid_config" and self._ready:
+                    continue  # after start-up a ValidationError is one bad request
+                if pattern.search(line):
+                    self._cause = _Cause(kind, phase, line.strip(), self._ready)
+                    self._pending_details = _DETAIL_LINES
+                    return
+        if self._dead is None and _ENGINE_DEAD.search(line):
+            self._dead = _Cause("engine_dead", None, line.strip(), self._ready)
+
+    def _phase(self, cause: _Cause | None) -> str:
+        """``startup`` or ``runtime``: fixed by the kind where it can only be one, else the
+        server being up, else what the rest of the run says (an ``EngineDeadError`` is only
+        raised once serving; ``EngineCore failed to start`` only before)."""
+        if cause is not None and cause.phase is not None:
+            return cause.phase
+        if self._startup_evidence:
+            return "startup"
+        if (cause.ready if cause is not None else self._ready) or self._runtime_evidence:
+            return "runtime"
+        return "startup"
+
+    def _figures(self, line: str) -> None:
+        if (match := _MODEL_LOADING.search(line)) is not None:
+            self._loading = float(match.group(1) or match.group(2))
+        if (match := _AVAILABLE_KV.search(line)) is not None:
+            self._available = float(match.group(1) or match.group(2) or match.group(3))
+        if (match := _KV_SIZE.search(line)) is not None:
+            self._kv_tokens = _int(match.group(1))
+        if (match := _CONCURRENCY.search(line)) is not None:
+            self._model_len = _int(match.group(1))
+            self._concurrency = float(match.group(2))
+        if (match := _GPU_BLOCKS.search(line)) is not None:
+            self._gpu_blocks = int(match.group(1))
+
+    def result(self, exit_code: int | None = None) -> LogDiagnosis:
+        """The diagnosis; with ``exit_code`` a non-zero exit nothing explains is ``unknown``."""
+        crash = self._crash(exit_code)
+        tokens = self._kv_tokens
+        if tokens is None and self._gpu_blocks is not None:
+            tokens = self._gpu_blocks * _V0_BLOCK_SIZE
+        return LogDiagnosis(
+            model_loading_gib=self._loading,
+            available_kv_cache_gib=self._available,
+            kv_cache_size_tokens=tokens,
+            max_concurrency=self._concurrency,
+            crash=crash,
+            max_model_len=self._model_len,
+            ready=self._ready,
+            shutdown_requested=self._shutdown,
+            lines=self.lines,
+        )
+
+    def _crash(self, exit_code: int | None) -> Crash | None:
+        cause = self._cause or self._dead
+        if cause is None:
+            if exit_code not in (None, 0) and not self._shutdown and exit_code not in (-15, 143, -2, 130):
+                return Crash(
+                    "unknown", self._phase(None), f"exited with status {exit_code}, nothing recognised"
+                )
+            return None
+        text = "\n".join([cause.message, *cause.details])
+        estimated = _ESTIMATED_LEN.search(text) or _V0_KV_TOKENS.search(text)
+        tried = _TRIED.search(text)
+        own = _THIS_PROCESS.search(text)
+        others = tuple((int(pid), _bytes(number, unit)) for pid, number, unit in _PROCESS_HAS.findall(text))
+        return Crash(
+            kind=cause.kind,
+            phase=self._phase(cause),
+            message=cause.message,
+            estimated_max_model_len=int(estimated.group(1)) if estimated else None,
+            tried_to_allocate_bytes=_bytes(*tried.groups()) if tried else None,
+            other_processes=others,
+            own_bytes=_bytes(*own.groups()) if own else None,
+        )
+
+
+def diagnose(lines: Iterable[str], exit_code: int | None = None, serving: bool = False) -> LogDiagnosis:
+    """Diagnose a whole log (the last run in it); ``serving``: the log starts mid-run."""
+    return LogDiagnoser(serving).feed_many(lines).result(exit_code)
