@@ -21,7 +21,7 @@ that :mod:`tunerd.alerting` turns into alerts.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tunerd.alerting import Acted, Did, Outgoing, engine_alert, plan_alerts, saga_alerts
@@ -31,10 +31,11 @@ from tunerd.diagnosis import LogDiagnosis
 from tunerd.engine.args import engine_argv, settings_to_args
 from tunerd.engine.guards import is_quiet, shared_gpu_refusal
 from tunerd.engine.saga import Supervisor
+from tunerd.gpu import GpuSample
 from tunerd.notify.alert import Alert
 from tunerd.outcomes import CrashResponse, Mode, SagaResult
 from tunerd.policy.engine import ActionPlan, PolicyState
-from tunerd.signals import EngineMemory
+from tunerd.signals import EngineMemory, share_a_gpu
 from tunerd.sources.engine_log import FileFollower
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot
 from tunerd.state import State
@@ -59,6 +60,7 @@ class EngineLoop:
     crash_reported: bool = False
     engine_pids: set[int] = field(default_factory=set)  # as last seen alive: the OOM text lists them too
     waiting: tuple[ActionPlan, float] | None = None  # a plan waiting (quiet period, busy GPU), since when
+    crash_plan: ActionPlan | None = None  # what the policies asked at a crash still waiting for the GPU
     plans: dict[int, tuple[ActionPlan, bool]] = field(
         default_factory=dict
     )  # restart's action → (plan, fresh)
@@ -89,6 +91,7 @@ class Actor:
         host: str,
         engines: Sequence[EngineLoop],
         env_path: Callable[[EngineConfig], str],
+        gpus: Callable[[], Sequence[GpuSample]] = tuple,
     ) -> None:
         self.config = config  # the daemon replaces it on reload
         self.state = state
@@ -99,6 +102,7 @@ class Actor:
         self.host = host
         self.engines = engines
         self.env_path = env_path
+        self.gpus = gpus  # the latest GPU reading's samples: which engines share a GPU
 
     @property
     def mode(self) -> Mode:
@@ -108,9 +112,13 @@ class Actor:
     def gpu_busy(self, loop: EngineLoop) -> str | None:
         """Another engine on one of ``loop``'s GPUs is being restarted: its name. Never two
         restarts on one GPU at once — a start sizes its pool from the memory it finds free."""
-        mine = set(loop.config.gpus)
+        gpus = self.gpus()
         for other in self.engines:
-            if other is not loop and mine & set(other.config.gpus) and other.supervisor.in_flight():
+            if (
+                other is not loop
+                and other.supervisor.in_flight()
+                and share_a_gpu(loop.config.gpus, other.config.gpus, gpus)
+            ):
                 return other.name
         return None
 
@@ -118,6 +126,8 @@ class Actor:
         self, loop: EngineLoop, plan: ActionPlan | None, crash: Mapping[str, Any] | None, now: float
     ) -> Acted:
         """Carry out what the mode allows with ``plan`` (and a crash, if the engine died)."""
+        if plan is not None and plan.mode > self.mode:
+            plan = replace(plan, mode=self.mode)  # a plan made before a reload lowered the mode
         if crash is not None:
             return self._crashed(loop, plan)
         if plan is None or not plan.changes:
@@ -160,7 +170,9 @@ class Actor:
         """A dead engine: the same settings again (supervision, every mode), the policies'
         settings in act, or a hold; once no other engine on its GPU is restarting."""
         if (busy := self.gpu_busy(loop)) is not None:
+            loop.crash_plan = plan or loop.crash_plan  # what the crash asked for waits with it
             return Acted(Did.WAITING, f"the engine is down; waiting for {busy}'s restart on a shared GPU")
+        plan, loop.crash_plan = plan or loop.crash_plan, None
         act = plan is not None and plan.mode == Mode.ACT and bool(plan.changes) and not plan.hold
         if plan is not None and plan.changes and plan.mode != Mode.ACT:
             self.propose(plan, self.clock.now())
@@ -175,7 +187,17 @@ class Actor:
         self.say("engine_recovered", engine=loop.name, response=handled.response, outcome=handled.reason)
         if handled.response in (CrashResponse.RESTARTING, CrashResponse.TUNING):
             loop.crash_reported = False  # the saga watches the new engine from here
-            return Acted(Did.RESTARTING, handled.reason)
+        if handled.response == CrashResponse.TUNING:
+            return Acted(Did.RESTARTING, handled.reason)  # the plan's settings: its saga reports
+        if handled.response == CrashResponse.RESTARTING:  # supervision: the same settings
+            if plan is not None and plan.changes:
+                why = (
+                    "proposed, not applied"
+                    if plan.mode != Mode.ACT
+                    else "not applied (pinned, paused or held)"
+                )
+                return Acted(Did.RECOVERING, f"{handled.reason}; the policies' change: {why}")
+            return Acted(Did.RECOVERING, handled.reason)
         return Acted(Did.WAITING, handled.reason)
 
     def finished(self, loop: EngineLoop, result: SagaResult) -> None:

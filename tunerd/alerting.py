@@ -34,7 +34,9 @@ class Did(StrEnum):
     REFUSED = "refused"  # not applied (the shared GPU's booking limit)
     WAITING = "waiting"  # for a quiet period, or for another engine's restart on the GPU
     GAVE_UP = "gave_up"  # no quiet period came in time
-    RESTARTING = "restarting"  # a saga began; its result comes later
+    RESTARTING = "restarting"  # a saga began for the plan; its result comes later
+    RECOVERING = "recovering"  # the engine died: it starts again with the same settings (the
+    # plan's own change, if any, is proposed or refused — not what starts)
     FINISHED = "finished"  # a saga ended (``result``)
 
 
@@ -63,6 +65,7 @@ class Acted:
             Did.GAVE_UP: "skipped",
             Did.WAITING: "waiting",
             Did.RESTARTING: "applied",
+            Did.RECOVERING: "skipped",
         }.get(self.did)
 
     def text(self) -> str:
@@ -78,6 +81,7 @@ class Acted:
             Did.WAITING: self.detail or "waiting",
             Did.GAVE_UP: f"not applied: {self.detail}",
             Did.RESTARTING: "restarting",
+            Did.RECOVERING: self.detail,
         }
         return words.get(self.did, self.detail)
 

@@ -72,6 +72,7 @@ DEFAULT_METRICS = "127.0.0.1:9464"
 RESTART_FIELDS = ("engines", "state_dir", "gpu", "listen", "clock")
 HOUSEKEEPING_S = 60.0  # engine logs rotated by size, the state's write-ahead log folded in
 SAGA_S = 0.25  # how often restarts in flight are advanced
+ROOM_READING_AGE_S = 1.0  # a GPU reading at most this old answers a start's room check
 LOG_MAX_BYTES = 64 << 20
 LOG_PASS_S = 1.0  # how often the engines' new log lines are passed into tunerd's log
 LOG_PASS_MAX = 2000  # lines per engine per pass; the rest are counted, not logged
@@ -154,6 +155,7 @@ class Daemon:
             host=self.host,
             engines=self.engines,
             env_path=lambda engine: str(self._env_path(engine)),
+            gpus=lambda: self.sampler.latest.gpus if self.sampler.latest is not None else (),
         )
         self.engines += [self._loop(engine, _guards(config), now) for engine in config.engines]
 
@@ -231,8 +233,14 @@ class Daemon:
         return Path(self.config.state_dir) / "engines" / f"{engine.name}.log"
 
     def _gpu_room(self, engine: EngineConfig, settings: Mapping[str, Any]) -> str | None:
-        """A fresh GPU reading: why ``engine`` could not start with ``settings`` now."""
-        return gpu_room(engine_gpus(self.gpu.sample().gpus, engine.gpus), settings)
+        """Why ``engine`` could not start with ``settings`` now, from a fresh GPU reading: the
+        sampler's newest if it is at most a second old (a start looks 4 times a second; a read
+        of its own each time would wait on the sampler's), else one of its own."""
+        age = self.sampler.age()
+        latest = self.sampler.latest
+        reading = latest if latest is not None and age is not None and age <= ROOM_READING_AGE_S else None
+        gpus = (reading or self.gpu.sample()).gpus
+        return gpu_room(engine_gpus(gpus, engine.gpus), settings)
 
     def _spec(self, engine: EngineConfig) -> EngineSpec:
         return EngineSpec(
@@ -279,16 +287,19 @@ class Daemon:
         self.notifier.status(self.status_line())
 
     def _reconcile(self, loop: EngineLoop) -> None:
-        """What the state says about ``loop``'s engine against what runs; a start that is due
-        begins — once no other engine on its GPU is restarting."""
-        if self.actor.gpu_busy(loop) is not None:
-            return  # the tick reconciles it once the GPU's other restart has ended
-        loop.reconciled = True
+        """What the state says about ``loop``'s engine against what runs: a restart a killed
+        tunerd left is resumed at once; a start that is due begins once no other engine on its
+        GPU is restarting."""
+        if not loop.supervisor.in_flight() and self.actor.gpu_busy(loop) is not None:
+            return  # the sagas job reconciles it once the GPU's other restart has ended
         done = loop.supervisor.reconcile()
+        loop.reconciled = True
         if done.what == "no_engine":
             loop.supervisor.begin_first_start(loop.config.settings)
             done = type(done)("starting", "first start under tunerd")
         self.say("engine_reconciled", engine=loop.name, outcome=done.text)
+        if done.result is not None:
+            self.actor.finished(loop, done.result)  # an interrupted saga ended here: alerts
         if (why := loop.supervisor.take_adopted_by_hand()) is not None:
             self.actor.alert_adopted(loop, why)  # the engine is their word
         elif done.what != "starting":
@@ -343,10 +354,13 @@ class Daemon:
         """The sagas job: each restart in flight takes what steps it can now; an engine whose
         reconcile waited for another's restart on its GPU is reconciled once that has ended."""
         for loop in self.engines:
-            if not loop.reconciled:
-                self._reconcile(loop)
-            elif loop.supervisor.in_flight():
-                self._advance(loop)
+            self._each(loop, "sagas", self._saga_of)
+
+    def _saga_of(self, loop: EngineLoop) -> None:
+        if not loop.reconciled:
+            self._reconcile(loop)
+        elif loop.supervisor.in_flight():
+            self._advance(loop)
 
     def in_flight(self) -> list[str]:
         """The engines with a restart under way, or not yet reconciled."""
@@ -495,6 +509,7 @@ class Daemon:
                 old.close(timeout=2.0)
         guards = _guards(self.config)
         for loop in self.engines:
+            loop.waiting = None  # a plan made under the old config is not carried over
             loop.policy_states = {
                 policy.name: loop.policy_states.get(policy.name) or PolicyState(policy.name)
                 for policy in policies
@@ -615,8 +630,23 @@ class Daemon:
         now = self.clock.now()
         latest = self.sampler.latest if self.jobs is not None else None
         reading = latest if latest is not None else self.gpu.sample()
-        for loop in self.engines:
-            self._tick_engine(loop, reading, now)
+        failed = [
+            loop.name
+            for loop in self.engines
+            if not self._each(loop, "tick", lambda loop: self._tick_engine(loop, reading, now))
+        ]
+        if failed:  # the other engines had their tick; this one counts toward TICK_FAILURES_TO_STOP
+            raise RuntimeError(f"the tick failed for {', '.join(failed)}")
+
+    def _each(self, loop: EngineLoop, job: str, work: Callable[[EngineLoop], object]) -> bool:
+        """One engine's part of a job: its failure is said and does not keep the other engines'
+        parts from running. False when it failed."""
+        try:
+            work(loop)
+        except Exception as error:
+            self.say("engine_job_failed", engine=loop.name, job=job, error=f"{type(error).__name__}: {error}")
+            return False
+        return True
 
     def _record_signals(
         self, loop: EngineLoop, reading: GpuReading, now: float, settings: Mapping[str, Any], generation: int
@@ -721,8 +751,10 @@ class Daemon:
             progress = supervisor.progress()
             if plan is not None and progress is not None:
                 loop.plans[progress.action_id] = (plan, fresh)  # its alert comes with the result
-            self._advance(loop)  # a crash restart spawns in this very tick
+            self._advance(loop)
             return
+        if acted.did is Did.RECOVERING:
+            self._advance(loop)  # a crash restart spawns in this very tick
         if plan is not None and ((fresh and plan.notify) or acted.pages):
             self.actor.alert_plan(loop, plan, acted)  # a change that did not take pages a person
 

@@ -25,6 +25,7 @@ __all__ = [
     "engine_memory",
     "gpu_room",
     "gpu_signals",
+    "share_a_gpu",
 ]
 
 #: vLLM's ``--gpu-memory-utilization`` when none is given.
@@ -86,6 +87,24 @@ def engine_gpus(gpus: Iterable[GpuSample], selectors: Sequence[int | str]) -> li
     wanted_indexes = {s for s in selectors if isinstance(s, int)}
     wanted_uuids = {s for s in selectors if isinstance(s, str)}
     return [g for g in gpus if g.index in wanted_indexes or (g.uuid is not None and g.uuid in wanted_uuids)]
+
+
+def share_a_gpu(
+    first: Sequence[int | str], second: Sequence[int | str], gpus: Iterable[GpuSample] = ()
+) -> bool:
+    """Whether two engines' GPU selectors (indexes, UUIDs; empty: all) can name the same GPU.
+    With a reading the selectors are resolved (one engine may name GPU 0 by index, the other by
+    its UUID); without one, an empty selector shares with everything and the rest compare as
+    written."""
+    if not first or not second:
+        return True
+    seen = list(gpus)
+    if seen:
+        ours = {gpu.index for gpu in engine_gpus(seen, first)}
+        theirs = {gpu.index for gpu in engine_gpus(seen, second)}
+        if ours and theirs:
+            return bool(ours & theirs)
+    return bool(set(first) & set(second))
 
 
 @dataclass(frozen=True)

@@ -117,3 +117,16 @@ def test_a_raise_that_would_overbook_a_shared_gpu_is_refused(tmp_path: Path) -> 
     assert done.text() == "not applied: GPU 0 would be 1 booked (chat 0.55 beside embed 0.45; limit 0.95)"
     assert (record["kind"], record["outcome"]) == ("tune", "skipped")
     assert "GPU 0 would be 1 booked" in record["reason"]
+
+
+def test_a_plan_made_in_act_is_only_proposed_once_a_reload_lowered_the_mode(tmp_path: Path) -> None:
+    """A plan that waited (a quiet period, a busy GPU) through a reload to advise must not
+    restart a healthy engine: acting caps its mode by the mode in force."""
+    daemon = _daemon(tmp_path, "advise")
+    try:
+        done = daemon.actor.act(daemon.engines[0], _plan("act"), None, now=100.0)
+        [record] = daemon.state.history()
+    finally:
+        daemon.close()
+    assert done == Acted(Did.PROPOSED)
+    assert (record["mode"], record["outcome"]) == ("advise", "proposed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from tunerd.gpu import GpuProcess, GpuSample
-from tunerd.signals import engine_gpus, engine_memory, gpu_room, gpu_signals
+from tunerd.signals import engine_gpus, engine_memory, gpu_room, gpu_signals, share_a_gpu
 
 GIB = 1024**3
 
@@ -105,3 +105,16 @@ def test_gpu_room_is_vllms_own_start_up_check() -> None:
     assert gpu_room([draining], {}) is not None  # vLLM's default 0.9 applies
     assert gpu_room([draining], {"kv_cache_memory_bytes": 4 * GIB}) is None  # sized in bytes: no check
     assert gpu_room([], {"gpu_memory_utilization": 0.92}) is None  # nothing to tell
+
+
+def test_two_engines_share_a_gpu_however_each_names_it() -> None:
+    """One engine names GPU 0 by index, the other by its UUID; an empty list is every GPU."""
+    gpus = [
+        GpuSample(0, "GPU-aaa", "H100", 80 * 1024**3, 0, 80 * 1024**3, None, None),
+        GpuSample(1, "GPU-bbb", "H100", 80 * 1024**3, 0, 80 * 1024**3, None, None),
+    ]
+    assert share_a_gpu([0], ["GPU-aaa"], gpus)
+    assert not share_a_gpu([0], ["GPU-bbb"], gpus)
+    assert share_a_gpu([], [1], gpus)
+    assert share_a_gpu([0], [0])  # no reading: as written
+    assert not share_a_gpu([0], ["GPU-aaa"])  # no reading: a UUID cannot be resolved

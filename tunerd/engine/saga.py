@@ -184,6 +184,7 @@ class Reconciled:
 
     what: str  # no_engine | adopted | by_hand | resumed | cancelled | recovering
     text: str
+    result: SagaResult | None = None  # a saga a killed tunerd left, ended here
 
 
 class _StepFailed(Exception):
@@ -285,6 +286,8 @@ class Supervisor:
         self.next_restart_at: float | None = None  # a held engine's backoff, on the clock's now()
         self._held_attempts = 0
         self.adopted_by_hand: str | None = None  # why, when reconcile found a person's engine
+        self._busy = state.intent(spec.name) is not None  # a saga in flight (the intent row)
+        self._down: str | None = None  # why nothing runs after a start failed before a spawn
         #: the mode in force (the daemon keeps it current): what history records for the
         #: supervision tunerd does in every mode — first starts, crash restarts
         self.mode: Mode = Mode.ACT
@@ -300,8 +303,10 @@ class Supervisor:
         return self.client.health() == 200
 
     def in_flight(self) -> bool:
-        """A saga of this engine is under way (its intent is recorded)."""
-        return self.state.intent(self.spec.name) is not None
+        """A saga of this engine is under way (its intent is recorded). Kept in memory — only
+        this supervisor writes its intent — so other threads (the sampler's look for a dead
+        engine) may ask without touching the database."""
+        return self._busy
 
     def progress(self) -> Progress | None:
         """The saga in flight, its step, what it waits for and until when."""
@@ -345,8 +350,9 @@ class Supervisor:
         to_version: int,
         from_version: int | None,
         note: str | None = None,
+        first: Step | None = None,
     ) -> None:
-        step = FLOWS[kind][0]
+        step = first or FLOWS[kind][0]
         self.state.begin_intent(
             self.spec.name,
             action,
@@ -357,6 +363,7 @@ class Supervisor:
             kind=str(kind),
             note=note,
         )
+        self._busy = True
         self._phase = None
         self._spawned_at = None
         self.on_step(str(step))
@@ -454,7 +461,11 @@ class Supervisor:
             to_settings=settings,
             evidence=evidence,
         )
-        self._begin(SagaKind.RESTART, action, to_version=version, from_version=old.id)
+        # after a crash there is nothing to take out of rotation or to drain: what is left of
+        # the dead engine goes, and the new settings start (a failing pre_stop must not keep
+        # a dead engine down)
+        first = Step.STOPPING if after_crash else None
+        self._begin(SagaKind.RESTART, action, to_version=version, from_version=old.id, first=first)
         return None
 
     def _begin_recover(self, version: int, reason: str, evidence: Mapping[str, Any] | None = None) -> int:
@@ -503,7 +514,12 @@ class Supervisor:
             if self._phase is None or self._phase.step != step:
                 self._phase = _Phase(step)
             try:
-                done = self._work(step, intent)
+                try:
+                    done = self._work(step, intent)
+                except (_Abort, _StepFailed):
+                    raise
+                except Exception as error:  # a bug, a full disk, systemctl gone: a failed step
+                    raise _StepFailed(f"{step} failed: {type(error).__name__}: {error}") from error
             except _Abort as abort:
                 alive = self.process is not None and self.process.alive()
                 why = f"{abort}: " + ("the old engine still serves" if alive else "the engine stays down")
@@ -733,6 +749,7 @@ class Supervisor:
         engine runs afterwards (the recorded version)."""
         self.state.update_action(intent.action_id, str(outcome), self.clock.now(), reason)
         self.state.clear_intent(self.spec.name)
+        self._busy = False
         self._phase = None
         record = self.state.engine(self.spec.name)
         action = self.state.action(intent.action_id)
@@ -776,7 +793,17 @@ class Supervisor:
 
     def _failed(self, intent: Intent, why: str) -> SagaResult | None:
         """A step that cannot succeed: a restart turns into its rollback (None: go on), the
-        other kinds end here."""
+        other kinds end here — and an engine left without a process (the start failed before
+        its spawn) is *down*: :meth:`crashed` reports it, so :meth:`check` restarts it, holds
+        it, or backs off, as for any dead engine."""
+        result = self._fail(intent, why)
+        if result is not None and result.version is None:
+            self._crash, self._settle = None, None  # what is dead now is this start
+            if self.process is None:
+                self._down = why
+        return result
+
+    def _fail(self, intent: Intent, why: str) -> SagaResult | None:
         kind = SagaKind(intent.kind)
         now = self.clock.now()
         self._startup = None
@@ -832,6 +859,7 @@ class Supervisor:
         self.process = process
         self._crash = None
         self._settle = None
+        self._down = None
         identity = process.identity
         self.state.set_running(
             self.spec.name,
@@ -899,7 +927,20 @@ class Supervisor:
         its log has caught up, else None; never while a saga (which watches its own engine) is
         in flight. The run loop turns it into an ``engine_crash`` event before the policies
         run."""
-        if self.process is None or self.process.alive() or self.in_flight():
+        if self.in_flight():
+            return None
+        if self.process is None:
+            if self._down is None:
+                return None
+            if self._crash is None:
+                self._crash = {
+                    "kind": "unknown",
+                    "phase": "startup",
+                    "message": f"the engine is not running: {self._down}",
+                    "exit_code": None,
+                }
+            return self._crash
+        if self.process.alive():
             return None
         if self._crash is None:
             successor = self.runner.successor(self.process)
@@ -996,7 +1037,7 @@ class Supervisor:
         restarted with backoff.
         """
         crash = self.crashed()
-        if crash is None or self.process is None:
+        if crash is None:
             return None
         now = self.clock.now()
         if self.next_restart_at is not None:
@@ -1017,7 +1058,7 @@ class Supervisor:
         loop = is_crash_loop(crashed, self.state.crashes(self.spec.name, since), rolled_back_to)
         spent = budget(EngineFacts(self.state.restart_times(self.spec.name, since)), self.guards, now)[1] == 0
         crashed_because = f"engine crashed ({crash['kind']}): {crash['message']}"
-        tail = diagnosis_tail(self.process)
+        tail = diagnosis_tail(self.process) if self.process is not None else []
         may_tune = may_change(self.facts(), self.guards, now, settle=False) is None  # pinned, paused…
         if tuned is not None and dict(tuned) != crashed and may_tune and not (loop or spent):
             self.begin_restart(
@@ -1146,6 +1187,7 @@ class Supervisor:
         """An intent a killed tunerd left: set up for its step; the loop advances it."""
         assert intent.to_version is not None
         step = Step(intent.step)
+        kind = SagaKind(intent.kind)
         if step is Step.INTENT:
             self.process = self._adopt_recorded()
             if self.process is not None:
@@ -1153,19 +1195,23 @@ class Supervisor:
                     intent.action_id, "skipped", self.clock.now(), "tunerd stopped before the restart began"
                 )
                 self.state.clear_intent(self.spec.name)
+                self._busy = False
                 return Reconciled("cancelled", "cancelled a restart that had not begun")
             step = Step.STARTING  # the old engine is gone anyway: bring up the new settings
         elif step is Step.STARTING:
-            found = self.runner.find_new(self.spec.argv(self.state.version(intent.to_version).settings))
+            spawned = self.spec.argv(self.state.version(intent.to_version).settings)
+            record = self.state.engine(self.spec.name)
+            recorded_new = record is not None and record.running == intent.to_version
+            found = self.runner.find_new(spawned)
+            if found is None and recorded_new:
+                found = self._adopt_recorded()  # spawned and recorded: only the step was not advanced
             if found is not None:
-                record = self.state.engine(self.spec.name)
-                if record and record.running == intent.to_version and record.pid == found.pid:
-                    self.process = found  # spawned and recorded: only the step was not advanced
+                if recorded_new and record is not None and record.pid == found.pid:
+                    self.process = found
                 else:
-                    spawned = self.spec.argv(self.state.version(intent.to_version).settings)
                     self._record(found, intent.to_version, spawned=spawned)
                 step = Step.VERIFYING
-            elif (old := self._adopt_recorded()) is not None:
+            elif not recorded_new and Step.STOPPING in FLOWS[kind] and (old := self._adopt_recorded()):
                 self.process = old  # the stop had not finished: finish it first
                 step = Step.STOPPING
         elif step is Step.STOPPING:
@@ -1174,10 +1220,10 @@ class Supervisor:
             record = self.state.engine(self.spec.name)
             self.process = self._adopt_recorded() if record and record.running == intent.to_version else None
             if self.process is None:
-                self.process = None
                 failed = self._failed(intent, "the new engine died while tunerd was down")
                 if failed is not None:
-                    return Reconciled("resumed", f"an interrupted {intent.kind} ended: {failed.outcome}")
+                    text = f"an interrupted {intent.kind} ended: {failed.outcome}"
+                    return Reconciled("resumed", text, result=failed)
                 return Reconciled("resumed", f"rolling back an interrupted {intent.kind}")
         if str(step) != intent.step:
             self.state.advance_intent(self.spec.name, str(step), self.clock.now())

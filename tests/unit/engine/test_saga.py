@@ -356,3 +356,104 @@ def test_a_crash_with_tuned_settings_restarts_with_them(box: FakeBox, state: Sta
     result = _drive(supervisor)
     assert (result.kind, result.outcome, result.crash) == (SagaKind.RESTART, Outcome.SUCCEEDED, "cuda_oom")
     assert supervisor.running_settings() == lower
+
+
+# -- found in review: each failed before its fix ----------------------------------------------------
+
+
+def test_a_start_that_fails_before_its_spawn_leaves_a_down_engine_that_is_retried(
+    box: FakeBox, state: State
+) -> None:
+    """A crash restart whose start never spawned (the GPU memory never came) left no process
+    behind, so nothing looked at the engine again: down for good. Now it is a down engine:
+    check() treats it as dead — a loop holds it, backoff retries last-known-good."""
+    supervisor = _started(box, state, max_restarts=10, backoff_base=60)
+    supervisor.gpu_free = False  # type: ignore[attr-defined]
+    supervisor.room = lambda settings: None if getattr(supervisor, "gpu_free", True) else "GPU 0: 1 GiB free"
+    box.engines[supervisor.process.pid].kill_group()  # type: ignore[union-attr]
+    first = supervisor.check()
+    assert first is not None
+    assert first.response is CrashResponse.RESTARTING
+    failed = _drive(supervisor)
+    assert (failed.kind, failed.outcome, failed.version) == (SagaKind.RECOVER, Outcome.FAILED, None)
+    assert "GPU memory still short" in failed.reason
+    assert supervisor.process is None
+    crash = supervisor.crashed()
+    assert crash is not None
+    assert crash["message"].startswith("the engine is not running: GPU memory still short")
+    held = supervisor.check()
+    assert held is not None
+    assert held.response is CrashResponse.HELD  # the same settings failed again: a loop
+    supervisor.gpu_free = True  # type: ignore[attr-defined]
+    box.clock.advance(61)
+    retry = supervisor.check()
+    assert retry is not None
+    assert retry.response is CrashResponse.RESTARTING
+    assert _drive(supervisor).outcome is Outcome.SUCCEEDED
+    assert len(box.live()) == 1
+
+
+def test_a_restart_after_a_crash_skips_pre_stop_and_begins_at_stopping(box: FakeBox, state: State) -> None:
+    """A pre_stop hook run against a dead engine could fail and keep it down; after a crash
+    the restart begins where there is something to do."""
+    supervisor = _started(box, state)
+    box.engines[supervisor.process.pid].exit_code = 1  # type: ignore[union-attr]
+    handled = supervisor.check({**SEED, "gpu_memory_utilization": 0.89}, reason="oom")
+    assert handled is not None
+    assert handled.response is CrashResponse.TUNING
+    progress = supervisor.progress()
+    assert progress is not None
+    assert progress.step is Step.STOPPING
+
+
+def test_resume_at_starting_adopts_the_new_engine_it_had_recorded(box: FakeBox, state: State) -> None:
+    """Killed after the new engine was spawned and recorded but before the step moved on: the
+    next tunerd verifies that engine — it neither stops it nor spawns a second."""
+    supervisor = _started(box, state)
+    room = "GPU 0: 1 GiB free"
+    supervisor.room = lambda settings: room  # the start waits at `starting`
+    supervisor.begin_restart(FEWER, reason="test")
+    while (progress := supervisor.progress()) is not None and progress.step is not Step.STARTING:
+        supervisor.advance()
+        box.clock.advance(1)
+    room = None  # type: ignore[assignment]
+    supervisor.advance()  # spawns and records the new engine, then moves on
+    state.advance_intent("main", "starting", box.clock.now())  # …as if the kill came before the move
+    new_pid = state.engine("main").pid  # type: ignore[union-attr]
+    box.engines[new_pid].identity = box.engines[new_pid].identity.__class__(
+        new_pid,
+        new_pid * 10,
+        ("something", "else"),  # /proc no longer shows the argv it spawned
+    )
+    following = _supervisor(box, state)
+    assert following.reconcile().what == "resumed"
+    assert following.progress().step is Step.VERIFYING  # type: ignore[union-attr]
+    result = _drive(following)
+    assert result.outcome is Outcome.SUCCEEDED
+    assert [e.pid for e in box.live()] == [new_pid]
+    assert len(box.spawned) == 2  # the first start and this restart's one
+
+
+def test_an_interrupted_first_start_whose_engine_died_reports_its_end(box: FakeBox, state: State) -> None:
+    supervisor = _supervisor(box, state)
+    box.startup_seconds = 30.0
+    supervisor.begin_first_start(SEED)
+    supervisor.advance()  # spawned; verifying
+    box.engines[supervisor.process.pid].kill_group()  # type: ignore[union-attr]
+    done = _supervisor(box, state).reconcile()
+    assert done.result is not None  # the daemon pages for it
+    assert (done.result.kind, done.result.outcome) == (SagaKind.FIRST_START, Outcome.FAILED)
+
+
+def test_an_unexpected_error_in_a_step_fails_the_step_not_the_loop(box: FakeBox, state: State) -> None:
+    supervisor = _started(box, state)
+
+    def broken(argv: object) -> object:
+        raise RuntimeError("the runner broke")
+
+    box.runner.start = broken  # type: ignore[method-assign, assignment]
+    supervisor.begin_restart(FEWER, reason="test")
+    result = _drive(supervisor)  # never raises
+    assert result.kind is SagaKind.ROLLBACK
+    assert result.outcome is Outcome.FAILED
+    assert "starting failed: RuntimeError: the runner broke" in result.reason
