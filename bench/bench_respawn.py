@@ -105,7 +105,20 @@ def main() -> None:
     daemon = made[0]
     state = State.open(work / "state", readonly=True)
     overheads = []
+
+    def serving(deadline: float) -> None:
+        """Until the engine answers and no restart is in flight (the first start is a saga the
+        daemon's loop carries out after start())."""
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200 and state.intents() == []:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+
     try:
+        serving(time.monotonic() + 60)
         for _ in range(ROUNDS):
             process = daemon.engines[0].supervisor.process
             assert process is not None
@@ -120,14 +133,8 @@ def main() -> None:
                     overheads.append(_started_at(current.pid) - killed)
                     break
                 time.sleep(0.01)
-            while time.monotonic() < deadline:  # the replacement serving again before the next kill
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200 and state.intents() == []:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.05)
-            time.sleep(1.5)  # probation
+            serving(deadline)  # the replacement serving again before the next kill
+            time.sleep(1.5)
     finally:
         stop.set()
         runner.join(timeout=60)

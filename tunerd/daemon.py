@@ -323,8 +323,8 @@ class Daemon:
         jobs = self.jobs
         assert jobs is not None
         jobs.every("tick", self.config.metrics.interval, self._tick_job, LOOP)
-        jobs.every("sagas", SAGA_S, self.advance_sagas, LOOP, now=False)
         jobs.every("housekeeping", HOUSEKEEPING_S, self.housekeeping, LOOP)
+        self._schedule_sagas()
         try:
             while not self._stop.wait(1.0):
                 pass
@@ -344,6 +344,7 @@ class Daemon:
             raise  # the scheduler hands it to _job_failed, which logs it
         self._tick_failures = 0
         self._tick_when_due()
+        self._schedule_sagas()  # a restart this tick began needs the job
         self.publish()
         self.notifier.status(self.status_line())
         self.ticks += 1
@@ -355,6 +356,18 @@ class Daemon:
         reconcile waited for another's restart on its GPU is reconciled once that has ended."""
         for loop in self.engines:
             self._each(loop, "sagas", self._saga_of)
+        self._schedule_sagas()
+
+    def _schedule_sagas(self) -> None:
+        """The sagas job runs while there is something for it — a saga in flight, an engine
+        waiting to be reconciled — and not otherwise: an idle daemon wakes for nothing."""
+        if self.jobs is None or not self.jobs.has("tick"):
+            return  # not running yet: run() schedules it
+        due = any(not loop.reconciled or loop.supervisor.in_flight() for loop in self.engines)
+        if due and not self.jobs.has("sagas"):
+            self.jobs.every("sagas", SAGA_S, self.advance_sagas, LOOP, now=False)
+        elif not due and self.jobs.has("sagas"):
+            self.jobs.remove("sagas")
 
     def _saga_of(self, loop: EngineLoop) -> None:
         if not loop.reconciled:

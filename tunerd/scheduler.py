@@ -109,6 +109,11 @@ class Jobs:
             **first,
         )
 
+    def remove(self, job_id: str) -> None:
+        """Stop running ``job_id`` (nothing when it is not scheduled)."""
+        if self.has(job_id):
+            self.scheduler.remove_job(job_id)
+
     def has(self, job_id: str) -> bool:
         return not self._closing and self.scheduler.get_job(job_id) is not None
 

@@ -120,6 +120,11 @@ def test_a_dead_engine_brings_the_tick_forward(tmp_path: Path) -> None:
         [finished] = after("restart_finished")
         assert (finished["kind"], finished["outcome"]) == ("recover", "succeeded"), finished
         assert finished["at"] - killed_at < 10.0  # advanced by the sagas job, not the 30 s tick
+        assert daemon.jobs is not None
+        deadline = time.monotonic() + 2
+        while daemon.jobs.has("sagas") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not daemon.jobs.has("sagas")  # nothing in flight: the idle daemon does not wake for it
 
 
 def test_a_reload_that_changes_the_interval_reschedules_the_tick_and_resizes_the_store(
