@@ -996,6 +996,16 @@ class Supervisor:
             f"the engine was restarted by a person with other flags ({how}; {changed}): "
             "adopted as the new base"
         )
+        self._adopt_persons(engine, running, theirs, why, "the engine's manager (systemctl restart)")
+        self.on_step(f"restarted by a person with other flags ({how})")
+
+    def _adopt_persons(
+        self, engine: Engine, before: Mapping[str, Any], theirs: Mapping[str, Any], why: str, asked_by: str
+    ) -> None:
+        """An engine a person started with flags of theirs: they become the new base (a
+        ``source: adopt`` version, last-known-good — it serves), tuning pauses, and
+        :attr:`adopted_by_hand` says why for the alert."""
+        now = self.clock.now()
         version = self.state.add_version(self.spec.name, theirs, "adopt", now)
         self.state.record_action(
             engine=self.spec.name,
@@ -1004,12 +1014,9 @@ class Supervisor:
             outcome="succeeded",
             reason=why,
             now=now,
-            from_settings=running,
+            from_settings=before,
             to_settings=theirs,
-            evidence={
-                "asked_by": "the engine's manager (systemctl restart)",
-                "argv": list(engine.identity.argv),
-            },
+            evidence={"asked_by": asked_by, "argv": list(engine.identity.argv)},
         )
         self._record(engine, version)
         self.state.promote(self.spec.name, version)
@@ -1017,7 +1024,6 @@ class Supervisor:
             self.spec.name, paused=f"{why}; tuning paused until `tunerd resume {self.spec.name}`"
         )
         self.adopted_by_hand = why
-        self.on_step(f"restarted by a person with other flags ({how})")
 
     def check(
         self,
@@ -1140,8 +1146,7 @@ class Supervisor:
     def _adopt_by_hand(self) -> Reconciled | None:
         """tunerd's engine is gone and another process listens on its port: a person started
         one by hand. Unless its tunables and command (tunables aside) are the recorded ones,
-        its flags become the new base (a ``source: adopt`` version, last-known-good: it
-        serves), tuning pauses, and :attr:`adopted_by_hand` says why for the alert."""
+        its flags become the new base (:meth:`_adopt_persons`)."""
         record = self.state.engine(self.spec.name)
         port = urlsplit(self.spec.url).port
         if record is None or record.running is None or port is None:
@@ -1150,7 +1155,6 @@ class Supervisor:
         if process is None:
             return None
         identity = process.identity
-        now = self.clock.now()
         before = self.state.version(record.running).settings
         theirs = settings_from_argv(identity.argv)
         same_command = record.argv is None or without_tunables(identity.argv) == without_tunables(record.argv)
@@ -1163,24 +1167,7 @@ class Supervisor:
             f"the engine was started outside tunerd (pid {identity.pid}; "
             f"{changed or 'same settings, another command'}): adopted as the new base"
         )
-        version = self.state.add_version(self.spec.name, theirs, "adopt", now)
-        self.state.record_action(
-            engine=self.spec.name,
-            kind="adopt",
-            mode=self.mode,
-            outcome="succeeded",
-            reason=why,
-            now=now,
-            from_settings=before,
-            to_settings=theirs,
-            evidence={"asked_by": "by hand", "argv": list(identity.argv)},
-        )
-        self._record(process, version)
-        self.state.promote(self.spec.name, version)
-        self.state.set_flags(
-            self.spec.name, paused=f"{why}; tuning paused until `tunerd resume {self.spec.name}`"
-        )
-        self.adopted_by_hand = why
+        self._adopt_persons(process, before, theirs, why, "by hand")
         return Reconciled("by_hand", f"adopted pid {identity.pid}, started by a person")
 
     def _resume(self, intent: Intent) -> Reconciled:

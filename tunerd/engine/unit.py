@@ -239,15 +239,21 @@ class SystemdRunner:
         return UnitStart(self, self.clock)
 
     def started(self) -> UnitEngine:
-        """The engine the unit runs after a restart: its main process, its journal followed."""
+        """The engine the unit runs after a restart: its main process, its journal followed.
+        One that has already died (vLLM refusing its flags can exit before this looks) is
+        still handed over — a run whose process is gone — so that the saga reads why from that
+        invocation's journal, as it does for one that dies a moment later."""
         main = self._main()
-        if main is None:
-            shown = self.show()
+        if main is not None:
+            return self._engine(*main)
+        shown = self.show()
+        invocation = shown.get("InvocationID", "")
+        if not invocation:
             raise ProcessError(
-                f"{self.unit} did not stay up after systemctl restart "
+                f"{self.unit} did not start after systemctl restart "
                 f"(ActiveState={shown.get('ActiveState')}, ExecMainStatus={shown.get('ExecMainStatus')})"
             )
-        return self._engine(*main)
+        return self._engine(Identity(0, -1, self.env_flags() or ()), invocation)
 
     def _main(self) -> tuple[Identity, str] | None:
         """The unit's running main process and its invocation, or None."""
