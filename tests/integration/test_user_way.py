@@ -118,7 +118,10 @@ def test_a_console_script_engine_is_left_alone_when_no_policy_fires(tmp_path: Pa
     pid = None
     first = TunerdRun(config, env=env)
     try:
-        _wait("the first start", lambda: _history(state_dir)[-1]["outcome"] == "succeeded", 60)
+        # the database exists a moment before its first record: an empty history is "not yet"
+        _wait(
+            "the first start", lambda: [h["outcome"] for h in _history(state_dir)[-1:]] == ["succeeded"], 60
+        )
         pid = _engine_pid(state_dir)
         assert pid is not None
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -261,7 +264,11 @@ def test_status_answers_through_a_restart_and_sigterm_leaves_it_to_the_next_tune
 
     second = TunerdRun(config, env=env)
     try:
-        _wait("the restart finished", lambda: _history(state_dir)[0]["outcome"] == "succeeded", 60)
+        _wait(
+            "the restart finished",
+            lambda: [h["outcome"] for h in _history(state_dir)[:1]] == ["succeeded"],
+            60,
+        )
         tune = next(h for h in _history(state_dir) if h["kind"] == "tune")
         assert tune["outcome"] == "succeeded"
         assert tune["to_settings"]["max_num_seqs"] == 6  # type: ignore[index]
