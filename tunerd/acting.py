@@ -155,13 +155,7 @@ class Actor:
             evidence={"signals": dict(plan.evidence)},
         )
         if skipped is not None:
-            self.say(
-                "engine_tuned",
-                engine=loop.name,
-                outcome=skipped.outcome,
-                reason=skipped.reason,
-                changes=plan.changes,
-            )
+            self._tuned(loop, plan, skipped)
             return Acted(Did.FINISHED, result=skipped)
         self.say("engine_tuning", engine=loop.name, changes=plan.changes)
         return Acted(Did.RESTARTING)
@@ -212,19 +206,23 @@ class Actor:
         )
         plan, fresh = loop.plans.pop(result.action_id, (None, False))
         if plan is not None:
-            self.say(
-                "engine_tuned",
-                engine=loop.name,
-                outcome=result.outcome,
-                reason=result.reason,
-                changes=plan.changes,
-            )
+            self._tuned(loop, plan, result)
             acted = Acted(Did.FINISHED, result=result)
             if (fresh and plan.notify) or acted.pages:
                 self.alert_plan(loop, plan, acted)
             return
         for outgoing in saga_alerts(loop.name, result, self.host, self.clock.now(), self.mode):
             self.send(outgoing)
+
+    def _tuned(self, loop: EngineLoop, plan: ActionPlan, result: SagaResult) -> None:
+        """The one log line of a plan's restart: how it ended, and what it changed."""
+        self.say(
+            "engine_tuned",
+            engine=loop.name,
+            outcome=result.outcome,
+            reason=result.reason,
+            changes=plan.changes,
+        )
 
     def alert_plan(self, loop: EngineLoop, plan: ActionPlan, acted: Acted) -> None:
         for outgoing in plan_alerts(plan, acted, self.host, self.clock.now()):

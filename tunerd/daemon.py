@@ -47,7 +47,7 @@ from tunerd.exporter import Exporter, MetricsView
 from tunerd.gpu import GpuReading
 from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
-from tunerd.outcomes import Mode
+from tunerd.outcomes import Mode, Progress
 from tunerd.policy.engine import EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
@@ -445,6 +445,7 @@ class Daemon:
         for loop in self.engines:
             record = self.state.engine(loop.name)
             supervisor = loop.supervisor
+            progress = supervisor.progress()
             process = supervisor.process
             alive = process is not None and process.alive()
             figures = self._startup_figures(loop) if alive else None
@@ -454,7 +455,7 @@ class Daemon:
             engines.append(
                 engine_status(
                     name=loop.name,
-                    state=self._engine_state(loop),
+                    state=self._engine_state(loop, progress),
                     generation=record.generation if record else 0,
                     settings=supervisor.running_settings() or dict(loop.config.settings),
                     pid=process.pid if process is not None and alive else None,
@@ -474,7 +475,7 @@ class Daemon:
                     restarts_in_window=used,
                     budget_left=budget_left,
                     last_actions=self.state.history(engine=loop.name, limit=5),
-                    restart=supervisor.progress(),
+                    restart=progress,
                 )
             )
         return status_document(mode=self.mode, now=now, gpus=gpus, engines=engines)
@@ -539,11 +540,10 @@ class Daemon:
         self.publish()
         return True
 
-    def _engine_state(self, loop: EngineLoop) -> str:
+    def _engine_state(self, loop: EngineLoop, progress: Progress | None) -> str:
         """DESIGN §4.8's engine state."""
         record = self.state.engine(loop.name)
         process = loop.supervisor.process
-        progress = loop.supervisor.progress()
         return engine_state(
             held=bool(record and record.held),
             pinned=bool(record and record.pinned),
@@ -594,7 +594,8 @@ class Daemon:
             shown = ", ".join(
                 f"{key} {value:g}" for key, value in (("util", util), ("seqs", seqs)) if value is not None
             )
-            parts.append(f"{loop.name} {self._engine_state(loop)}" + (f" ({shown})" if shown else ""))
+            state = self._engine_state(loop, loop.supervisor.progress())
+            parts.append(f"{loop.name} {state}" + (f" ({shown})" if shown else ""))
         return f"{self.config.mode}: " + "; ".join(parts)
 
     def _engine_died(self) -> bool:
