@@ -18,10 +18,14 @@ start-up and whether — and why — it died:
 
 ANSI colours are stripped; ``(EngineCore_DP0 pid=N)`` prefixes and timestamps are tolerated
 (patterns search inside the line). A line announcing a new server start begins a new run.
+Numbers are read one way, ASCII only (``14.99``, ``567,978``, ``8192``): a line whose number is
+malformed (``1.2.3``, ``.``) or not finite is not the line it resembles and is ignored, so no
+text raises here.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -45,16 +49,23 @@ CRASH_KINDS = (
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _UNITS = {"bytes": 1, "B": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB, "TiB": TIB}
 
+# Numbers as vLLM and torch print them, ASCII digits only: a decimal (``14.99``) and a count,
+# with or without thousands separators (``567,978``, ``8192``). Anything else (``1.2.3``, ``.``,
+# ``1,,2``) does not match, so the line is not the line it resembles and is ignored.
+_NUM = r"([0-9]+(?:\.[0-9]+)?)"
+_COUNT = r"([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)"
+_SIZE_UNIT = r" ?(bytes|B|KiB|MiB|GiB|TiB)"
+
 # Start-up figures.
-_MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) ?GiB|Loading model weights took ([\d.]+) ?GB")
+_MODEL_LOADING = re.compile(rf"Model loading took {_NUM} ?GiB|Loading model weights took {_NUM} ?GB")
 _AVAILABLE_KV = re.compile(
-    r"Available KV cache memory: ([\d.]+) ?GiB"
-    r"|reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes"
-    r"|Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache"  # the CPU build
+    rf"Available KV cache memory: {_NUM} ?GiB"
+    rf"|reserved {_NUM} ?GiB memory for KV Cache as specified by kv_cache_memory_bytes"
+    rf"|Explicitly set \({_NUM}/[0-9]+(?:\.[0-9]+)?\) GiB for KV cache"  # the CPU build
 )
-_KV_SIZE = re.compile(r"\b(?:GPU|CPU|XPU|TPU|\w+) KV cache size: ([\d,]+) tokens")
-_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-_GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)")
+_KV_SIZE = re.compile(rf"\b(?:GPU|CPU|XPU|TPU|\w+) KV cache size: {_COUNT} tokens")
+_CONCURRENCY = re.compile(rf"Maximum concurrency for {_COUNT} tokens per request: {_NUM}x")
+_GPU_BLOCKS = re.compile(r"# GPU blocks: ([0-9]+)\b")
 _V0_BLOCK_SIZE = 16
 
 # A new server process starting (a log file keeps several runs); argparse's usage line starts
@@ -117,11 +128,11 @@ _RUNTIME_EVIDENCE = re.compile(
     r"|died unexpectedly|MQLLMEngine is already dead"
 )
 
-_TRIED = re.compile(r"Tried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
-_PROCESS_HAS = re.compile(r"Process (\d+) has ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB) memory in use")
-_THIS_PROCESS = re.compile(r"this process has ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB) memory in use")
-_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
-_V0_KV_TOKENS = re.compile(r"maximum number of tokens that can be stored in KV cache \((\d+)\)")
+_TRIED = re.compile(rf"Tried to allocate {_NUM}{_SIZE_UNIT}")
+_PROCESS_HAS = re.compile(rf"Process ([0-9]+) has {_NUM}{_SIZE_UNIT} memory in use")
+_THIS_PROCESS = re.compile(rf"this process has {_NUM}{_SIZE_UNIT} memory in use")
+_ESTIMATED_LEN = re.compile(r"estimated maximum model length is ([0-9]+)\b")
+_V0_KV_TOKENS = re.compile(r"maximum number of tokens that can be stored in KV cache \(([0-9]+)\)")
 # Lines after the root cause that may still carry its details (torch wraps long OOM texts).
 _DETAIL_LINES = 6
 
@@ -130,12 +141,32 @@ def strip_ansi(line: str) -> str:
     return _ANSI.sub("", line)
 
 
-def _bytes(number: str, unit: str) -> int:
-    return round(float(number) * _UNITS[unit])
+# Longer than any count a log holds; int() of a 4,300-digit text raises, so stop well before.
+_MAX_DIGITS = 30
 
 
-def _int(text: str) -> int:
-    return int(text.replace(",", ""))
+def _float(text: str) -> float | None:
+    """A matched decimal, or None when it is not finite (400 digits overflow to inf)."""
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _int(text: str) -> int | None:
+    """A matched count (``567,978``), or None when it has more digits than any real one."""
+    digits = text.replace(",", "")
+    return int(digits) if len(digits) <= _MAX_DIGITS else None
+
+
+def _matched(match: re.Match[str]) -> str:
+    """The group of a pattern's alternatives that matched."""
+    return next(group for group in match.groups() if group is not None)
+
+
+def _bytes(number: str, unit: str) -> int | None:
+    """``number unit`` in bytes, or None when that is not a finite size."""
+    value = _float(number)
+    size = None if value is None else value * _UNITS[unit]
+    return round(size) if size is not None and math.isfinite(size) else None
 
 
 @dataclass(frozen=True)
@@ -278,17 +309,19 @@ class LogDiagnoser:
         return "startup"
 
     def _figures(self, line: str) -> None:
-        if (match := _MODEL_LOADING.search(line)) is not None:
-            self._loading = float(match.group(1) or match.group(2))
-        if (match := _AVAILABLE_KV.search(line)) is not None:
-            self._available = float(match.group(1) or match.group(2) or match.group(3))
-        if (match := _KV_SIZE.search(line)) is not None:
-            self._kv_tokens = _int(match.group(1))
+        """Start-up figures; one whose number is not finite leaves the last one standing."""
+        if (match := _MODEL_LOADING.search(line)) and (gib := _float(_matched(match))) is not None:
+            self._loading = gib
+        if (match := _AVAILABLE_KV.search(line)) and (gib := _float(_matched(match))) is not None:
+            self._available = gib
+        if (match := _KV_SIZE.search(line)) and (tokens := _int(match.group(1))) is not None:
+            self._kv_tokens = tokens
         if (match := _CONCURRENCY.search(line)) is not None:
-            self._model_len = _int(match.group(1))
-            self._concurrency = float(match.group(2))
-        if (match := _GPU_BLOCKS.search(line)) is not None:
-            self._gpu_blocks = int(match.group(1))
+            model_len, concurrency = _int(match.group(1)), _float(match.group(2))
+            if model_len is not None and concurrency is not None:
+                self._model_len, self._concurrency = model_len, concurrency
+        if (match := _GPU_BLOCKS.search(line)) and (blocks := _int(match.group(1))) is not None:
+            self._gpu_blocks = blocks
 
     def result(self, exit_code: int | None = None) -> LogDiagnosis:
         """The diagnosis; with ``exit_code`` a non-zero exit nothing explains is ``unknown``."""
@@ -320,12 +353,13 @@ class LogDiagnoser:
         estimated = _ESTIMATED_LEN.search(text) or _V0_KV_TOKENS.search(text)
         tried = _TRIED.search(text)
         own = _THIS_PROCESS.search(text)
-        others = tuple((int(pid), _bytes(number, unit)) for pid, number, unit in _PROCESS_HAS.findall(text))
+        found = ((_int(pid), _bytes(number, unit)) for pid, number, unit in _PROCESS_HAS.findall(text))
+        others = tuple((pid, size) for pid, size in found if pid is not None and size is not None)
         return Crash(
             kind=cause.kind,
             phase=self._phase(cause),
             message=cause.message,
-            estimated_max_model_len=int(estimated.group(1)) if estimated else None,
+            estimated_max_model_len=_int(estimated.group(1)) if estimated else None,
             tried_to_allocate_bytes=_bytes(*tried.groups()) if tried else None,
             other_processes=others,
             own_bytes=_bytes(*own.groups()) if own else None,

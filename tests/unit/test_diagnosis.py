@@ -166,3 +166,61 @@ class TestShutdownAndRuns:
         for line in text:
             diagnoser.feed(line)
         assert diagnoser.result() == diagnose(text)
+
+
+class TestMalformedNumbers:
+    """One log line with a number vLLM never prints (``1.2.3``, ``.``, ``1e400``, 400 digits)
+    killed ``tunerd inspect log`` and the daemon's first start with a ValueError or an
+    OverflowError (issue 16). Such a line is not the line it resembles: it is ignored."""
+
+    @pytest.mark.parametrize(
+        "line",
+        [
+            "INFO Model loading took 1.2.3 GiB memory and 6.7 seconds",
+            "INFO Loading model weights took . GB",
+            "INFO Model loading took " + "9" * 400 + " GiB memory",
+            "INFO Available KV cache memory: 5..98 GiB",
+            "INFO reserved 1.2.3 GiB memory for KV Cache as specified by kv_cache_memory_bytes",
+            "INFO Explicitly set (1.2.3/4) GiB for KV cache",
+            "INFO GPU KV cache size: , tokens",
+            "INFO GPU KV cache size: 1,,2 tokens",
+            "INFO GPU KV cache size: 56,7978 tokens",
+            "INFO Maximum concurrency for 131,072 tokens per request: 4.3.3x",
+            "INFO Maximum concurrency for ,, tokens per request: 4.33x",
+            "INFO Maximum concurrency for 8192 tokens per request: " + "9" * 400 + "x",
+            "INFO # GPU blocks: " + "9" * 5000,
+        ],
+    )
+    def test_diagnose_malformed_startup_figure_is_ignored(self, line: str) -> None:
+        good = [
+            "INFO Model loading took 14.99 GiB memory and 6.7 seconds",
+            "INFO Available KV cache memory: 5.98 GiB",
+            "INFO GPU KV cache size: 567,978 tokens, Maximum concurrency for 131,072 tokens per request: 4.33x",
+        ]
+        result = diagnose([*good, line])
+        assert result.model_loading_gib == 14.99
+        assert result.available_kv_cache_gib == 5.98
+        assert result.kv_cache_size_tokens == 567_978
+        assert (result.max_concurrency, result.max_model_len) == (4.33, 131_072)
+        assert diagnose([line]).to_dict() == diagnose([]).to_dict() | {"lines": 1}
+
+    def test_diagnose_oom_with_malformed_details_keeps_the_well_formed_ones(self) -> None:
+        lines = [
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.2.3 GiB. Process 12 has . GiB "
+            "memory in use. Process 13 has 2.00 GiB memory in use. Process 14 has "
+            + "9" * 400
+            + " TiB memory in use. Of the allocated memory this process has 1e400 GiB memory in use.",
+            "estimated maximum model length is " + "9" * 5000,
+        ]
+        crash = diagnose(lines).crash
+        assert crash is not None
+        assert crash.kind == "cuda_oom"
+        assert crash.tried_to_allocate_bytes is None
+        assert crash.other_processes == ((13, 2 * GIB),)
+        assert crash.own_bytes is None
+        assert crash.estimated_max_model_len is None
+
+    def test_diagnose_huge_allocation_is_unknown_not_overflow(self) -> None:
+        crash = diagnose(["CUDA out of memory. Tried to allocate " + "9" * 400 + " TiB"]).crash
+        assert crash is not None
+        assert crash.tried_to_allocate_bytes is None
