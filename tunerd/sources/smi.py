@@ -15,12 +15,17 @@ field, remembers that, and asks again. Without a driver nvidia-smi prints ``NVID
 failed because it couldn't communicate with the NVIDIA driver ...`` and exits 9.
 
 ``parse_query_gpu`` and ``parse_compute_apps`` are pure, tested on recorded real output;
-:class:`SmiSource` runs the commands through an injectable runner.
+:class:`SmiSource` runs the commands through an injectable runner. Numbers are read one way:
+ASCII digits with an optional fraction (``24564``, ``85.12``), finite, percentages within
+0–100; any other cell (``1e400``, ``²``, ``-5``, ``nan``) is output nvidia-smi should not have
+printed, so the parsers raise :class:`SmiError` and nothing else, and ``sample()`` never raises.
 """
 
 from __future__ import annotations
 
 import csv
+import math
+import re
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -50,6 +55,11 @@ GPU_FIELDS = (
 APP_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
 # Every bracketed placeholder nvidia-smi prints instead of a value.
 _MISSING_PREFIX = "["
+# A value cell: ASCII digits, an optional fraction. float() alone also takes 1e400, nan, -5,
+# 1_000 and non-ASCII digits; str.isdigit() takes "²", which int() refuses.
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+# More digits than any index or PID (int() of a 4,300-digit text raises).
+_MAX_DIGITS = 20
 
 
 class SmiError(ValueError):
@@ -69,11 +79,20 @@ Runner = Callable[[Sequence[str], float], CommandResult]
 def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
     """Run ``argv`` (no shell); a missing program is returncode 127, a hang 124."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            list(argv),
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",  # a name in another encoding is not worth a crash
+            timeout=timeout,
+            check=False,
+        )
     except FileNotFoundError:
         return CommandResult(127, "", f"{argv[0]}: command not found")
     except subprocess.TimeoutExpired:
         return CommandResult(124, "", f"{argv[0]} did not answer within {timeout:g}s")
+    except OSError as error:  # not executable, a directory, …: as a shell reports it
+        return CommandResult(126, "", f"{argv[0]}: {error.strerror or error}")
     return CommandResult(done.returncode, done.stdout, done.stderr)
 
 
@@ -87,15 +106,42 @@ def _value(text: str) -> str | None:
     return text
 
 
+def _decimal(text: str) -> float | None:
+    """A cell's finite non-negative number, or None when the cell is anything else."""
+    if _DECIMAL.fullmatch(text) is None:
+        return None
+    value = float(text)  # 400 digits overflow to inf
+    return value if math.isfinite(value) else None
+
+
+def _count(cell: str, field: str, line: str) -> int:
+    """An index or a PID: ASCII digits, never a placeholder."""
+    text = _value(cell)
+    if text is None or not (text.isascii() and text.isdecimal()) or len(text) > _MAX_DIGITS:
+        raise SmiError(f"{field}: expected a number, got '{cell.strip()}' in line '{line}'")
+    return int(text)
+
+
 def _mib(text: str, field: str, line: str) -> int | None:
     value = _value(text)
     if value is None:
         return None
-    value = value.removesuffix("MiB").strip()  # present without `nounits`
-    try:
-        return int(float(value) * MIB)
-    except ValueError:
-        raise SmiError(f"{field}: expected MiB, got '{text.strip()}' in line '{line}'") from None
+    mib = _decimal(value.removesuffix("MiB").strip())  # the unit is there without `nounits`
+    size = None if mib is None else mib * MIB
+    if size is None or not math.isfinite(size):
+        raise SmiError(f"{field}: expected MiB, got '{text.strip()}' in line '{line}'")
+    return int(size)
+
+
+def _ratio(text: str, line: str) -> float | None:
+    """``utilization.gpu`` (percent, ``%`` without `nounits`) as 0–1."""
+    value = _value(text)
+    if value is None:
+        return None
+    percent = _decimal(value.removesuffix("%").strip())
+    if percent is None or percent > 100:
+        raise SmiError(f"utilization.gpu: expected percent, got '{value}' in line '{line}'")
+    return percent / 100
 
 
 def _field_name(header: str) -> str:
@@ -110,15 +156,23 @@ def _table(text: str, fields: Sequence[str] | None) -> tuple[list[str], list[tup
         if not lines:
             return [], []
         header, *lines = lines
-        fields = [_field_name(cell) for cell in next(csv.reader([header], skipinitialspace=True))]
+        fields = [_field_name(cell) for cell in _cells(header)]
     names = list(fields)
     rows = []
     for line in lines:
-        cells = [cell.strip() for cell in next(csv.reader([line], skipinitialspace=True))]
+        cells = [cell.strip() for cell in _cells(line)]
         if len(cells) != len(names):
             raise SmiError(f"expected {len(names)} fields, got {len(cells)} in line '{line}'")
         rows.append((line, dict(zip(names, cells, strict=True))))
     return names, rows
+
+
+def _cells(line: str) -> list[str]:
+    """One CSV line's cells; csv's own error (a cell past its 128 KiB limit) is an SmiError."""
+    try:
+        return next(csv.reader([line], skipinitialspace=True))
+    except csv.Error as error:
+        raise SmiError(f"not CSV ({error}) in line '{line[:200]}'") from None
 
 
 def parse_query_gpu(text: str, fields: Sequence[str] | None = GPU_FIELDS) -> list[GpuSample]:
@@ -130,19 +184,11 @@ def parse_query_gpu(text: str, fields: Sequence[str] | None = GPU_FIELDS) -> lis
     _, rows = _table(text, fields)
     samples = []
     for position, (line, row) in enumerate(rows):
-        index = _value(row.get("index", str(position)))
-        if index is None or not index.isdigit():
-            raise SmiError(f"index: expected a number, got '{row.get('index')}' in line '{line}'")
-        utilization = _value(row.get("utilization.gpu", ""))
-        try:
-            ratio = None if utilization is None else float(utilization.removesuffix("%").strip()) / 100
-        except ValueError:
-            raise SmiError(
-                f"utilization.gpu: expected percent, got '{utilization}' in line '{line}'"
-            ) from None
+        index = _count(row.get("index", str(position)), "index", line)
+        ratio = _ratio(row.get("utilization.gpu", ""), line)
         samples.append(
             GpuSample(
-                index=int(index),
+                index=index,
                 uuid=_value(row.get("uuid", row.get("gpu_uuid", ""))),
                 name=_value(row.get("name", row.get("gpu_name", ""))),
                 memory_total_bytes=_mib(row.get("memory.total", ""), "memory.total", line),
@@ -164,13 +210,11 @@ def parse_compute_apps(text: str, fields: Sequence[str] | None = APP_FIELDS) -> 
     _, rows = _table(text, fields)
     by_gpu: dict[str, list[GpuProcess]] = {}
     for line, row in rows:
-        pid = _value(row.get("pid", ""))
-        if pid is None or not pid.isdigit():
-            raise SmiError(f"pid: expected a number, got '{row.get('pid')}' in line '{line}'")
+        pid = _count(row.get("pid", ""), "pid", line)
         used = row.get("used_memory", row.get("used_gpu_memory", ""))
         by_gpu.setdefault(row.get("gpu_uuid", ""), []).append(
             GpuProcess(
-                pid=int(pid),
+                pid=pid,
                 name=_value(row.get("process_name", row.get("name", ""))),
                 used_bytes=_mib(used, "used_memory", line),
             )

@@ -82,6 +82,76 @@ class TestParseQueryGpu:
             parse_query_gpu("0, GPU-a, X, lots, 1, 1, 1, 1\n")
 
 
+# Cells nvidia-smi never prints in a number's place: each used to escape the parser as a
+# ValueError or an OverflowError (``²`` passes str.isdigit; ``1e400`` and 400 digits overflow
+# float → int), or to pass as a number (``٣``, ``-5``, ``nan``, ``1_000``) (issue 16).
+HOSTILE = ["1e400", "²", "٣", "１", "-5", "nan", "inf", "1_000", "9" * 400, "0x1F", "1.2.3", ""]
+GPU_ROW = ["0", "GPU-a", "X", "24564", "100", "23984", "480", "5"]
+
+
+class TestHostileCells:
+    @pytest.mark.parametrize("cell", HOSTILE)
+    @pytest.mark.parametrize("column", [0, 3, 4, 5, 6, 7])  # index, memory.*, utilization.gpu
+    def test_parse_query_gpu_hostile_cell_is_smi_error(self, column: int, cell: str) -> None:
+        row = [*GPU_ROW[:column], cell, *GPU_ROW[column + 1 :]]
+        if cell == "" and column != 0:
+            assert parse_query_gpu(", ".join(row))[0].index == 0  # empty: not reported, not junk
+            return
+        with pytest.raises(SmiError):
+            parse_query_gpu(", ".join(row))
+
+    @pytest.mark.parametrize("cell", ["101", "100.5", "-0.5"])
+    def test_parse_query_gpu_utilization_outside_percent_is_smi_error(self, cell: str) -> None:
+        with pytest.raises(SmiError, match=r"utilization\.gpu"):
+            parse_query_gpu(", ".join([*GPU_ROW[:7], cell]))
+
+    @pytest.mark.parametrize("cell", HOSTILE)
+    def test_parse_compute_apps_hostile_pid_or_memory_is_smi_error(self, cell: str) -> None:
+        with pytest.raises(SmiError):
+            parse_compute_apps(f"GPU-a, {cell}, python3, 900")
+        if cell:
+            with pytest.raises(SmiError):
+                parse_compute_apps(f"GPU-a, 77, python3, {cell}")
+
+    def test_parse_line_past_csv_field_limit_is_smi_error(self) -> None:
+        """csv's 128 KiB field limit raised csv.Error, not SmiError."""
+        with pytest.raises(SmiError):
+            parse_query_gpu("0, GPU-a, " + "X" * 200_000 + ", 1, 1, 1, 1, 1")
+
+    @pytest.mark.parametrize("cell", HOSTILE)
+    def test_source_hostile_answer_is_an_error_reading(self, cell: str) -> None:
+        runner = _Smi(
+            {
+                "--query-gpu": CommandResult(0, ", ".join([*GPU_ROW[:3], cell, *GPU_ROW[4:]]) + "\n", ""),
+                "--query-compute-apps": CommandResult(0, f"GPU-a, {cell}, python3, {cell}\n", ""),
+            }
+        )
+        reading = SmiSource(runner=runner).sample()
+        assert reading.status == ("ok" if cell == "" else "error")
+
+    def test_source_undecodable_output_is_read(self, tmp_path: Path) -> None:
+        """A GPU name in Latin-1 made subprocess's text decoding raise UnicodeDecodeError."""
+        script = tmp_path / "nvidia-smi"
+        script.write_bytes(
+            b"#!/bin/sh\n"
+            b'case "$1" in --query-gpu*) printf "0, GPU-a, Tesla \\351, 24564, 100, 23984, 480, 5\\n";; esac\n'
+        )
+        script.chmod(0o755)
+        reading = SmiSource(binary=str(script)).sample()
+        assert reading.status == "ok"
+        assert reading.gpus[0].name == "Tesla \ufffd"
+        assert reading.gpus[0].memory_total_bytes == 24564 * MIB
+
+    def test_source_binary_not_executable_is_an_error_reading(self, tmp_path: Path) -> None:
+        """A PermissionError (a path that is not executable) escaped run_command."""
+        script = tmp_path / "nvidia-smi"
+        script.write_text("")
+        script.chmod(0o644)
+        reading = SmiSource(binary=str(script)).sample()
+        assert reading.status == "error"
+        assert "Permission denied" in (reading.error or "")
+
+
 class TestParseComputeApps:
     def test_parse_compute_apps_two_processes(self) -> None:
         apps = parse_compute_apps(_read("query-compute-apps-linux-2proc-rtx2080super-595.csv"), fields=None)
@@ -136,7 +206,9 @@ class TestSmiSource:
         reading = source.sample()
         assert reading.status == "ok"
         assert reading.gpus[0].memory_reserved_bytes is None
-        assert reading.gpus[0].processes[0].used_bytes == 900 * MIB
+        processes = reading.gpus[0].processes
+        assert processes is not None
+        assert processes[0].used_bytes == 900 * MIB
         source.sample()
         assert sum("memory.reserved" in " ".join(argv) for argv in runner.argv) == 1
 
