@@ -13,7 +13,15 @@ the few wanted family names and parses only those, by hand, into a
   ``num_gpu_blocks × block_size`` (``num_gpu_blocks`` is summed over DP engines, so it is
   divided by the engine count), else null;
 - ``_created`` series, histograms and every other family are ignored; a label value of
-  ``"None"`` is null; a line that cannot be parsed is reported, never raised.
+  ``"None"`` is null; a line that cannot be parsed is reported, never raised. A value is the
+  exposition format's number (``3.0``, ``1.7e+09``, ``NaN``, ``+Inf``), ASCII only: ``1_000``
+  or ``٣``, which ``float()`` would take, is junk;
+- a value no engine reports is dropped (the field is null, as if absent) and counted in
+  ``dropped`` by ``"<family>: <reason>"``, so policies never see it: NaN and ±Inf (``not
+  finite``; an infinite one is also reported as a problem), a KV usage outside [0, 1], a
+  negative count, gauge or counter, one above 2**63 (no real counter gets there, and a sum of
+  such could overflow to inf), and the same for ``cache_config_info``'s numeric labels
+  (``"vllm:cache_config_info gpu_memory_utilization: outside (0, 1]"``).
 
 :class:`CounterRates` turns the counters of successive snapshots into per-second rates
 within one engine generation; a counter that goes down is a reset (no rate), not a negative
@@ -25,6 +33,7 @@ from __future__ import annotations
 import http.client
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +83,11 @@ _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _FIRST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:#")
 _MAX_PROBLEMS = 20
+# A sample value as Prometheus writes one (Go's ParseFloat syntax, without hex and underscores).
+_VALUE = re.compile(r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf(?:inity)?|nan))")
+# Above any real count; also keeps sums over engines (and blocks × block size) finite.
+_MAX_COUNT = 2**63
+_USAGE = frozenset({_KV_USAGE, _KV_USAGE_OLD})
 
 
 class ScrapeError(Exception):
@@ -128,6 +142,8 @@ class MetricsSnapshot:
     problems: tuple[str, ...] = ()
     lines_read: int = 0
     cache_config: dict[str, str] | None = None  # the first engine's vllm:cache_config_info labels
+    # Values dropped by the range and finiteness checks, by "<family>: <reason>".
+    dropped: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -138,6 +154,7 @@ class MetricsSnapshot:
         data = {key: value for key, value in self.__dict__.items() if key not in {"engines", "lines_read"}}
         data["engines"] = [engine.to_dict() for engine in self.engines]
         data["problems"] = list(self.problems)
+        data["dropped"] = dict(self.dropped)
         return data
 
 
@@ -171,6 +188,8 @@ def _parse_line(line: str) -> tuple[str, dict[str, str], float]:
     parts = line[position:].split()
     if not parts or len(parts) > 2:
         raise ValueError("expected a value and an optional timestamp")
+    if _VALUE.fullmatch(parts[0]) is None:
+        raise ValueError("not a number")
     return name, labels, float(parts[0])
 
 
@@ -182,22 +201,49 @@ def _number(value: float) -> int | float | None:
     return int(value) if value.is_integer() else value
 
 
-def _label_float(labels: Mapping[str, str], key: str) -> float | None:
-    """A label holding a number (``"0.92"``); ``"None"``, junk and NaN are ``None``."""
+def _unusable(name: str, value: float) -> str | None:
+    """Why a wanted family's value cannot be passed on, or None when it can."""
+    if not math.isfinite(value):
+        return "not finite"
+    if name in _USAGE:
+        return None if 0 <= value <= 1 else "outside [0, 1]"
+    if value < 0:
+        return "negative"
+    return "above 2**63" if value > _MAX_COUNT else None
+
+
+def _label_float(labels: Mapping[str, str], key: str, dropped: Counter[str]) -> float | None:
+    """A label holding a number (``"0.92"``); ``"None"`` and junk are ``None``, a non-finite
+    number is ``None`` and counted."""
     raw = labels.get(key)
-    if raw is None or raw in {"None", ""}:
+    if raw is None or _VALUE.fullmatch(raw) is None:
         return None
-    try:
-        number = float(raw)
-    except ValueError:
+    number = float(raw)
+    if not math.isfinite(number):
+        dropped[f"{_CACHE_CONFIG} {key}: not finite"] += 1
         return None
-    return None if math.isnan(number) else number
+    return number
 
 
-def _label_int(labels: Mapping[str, str], key: str) -> int | None:
-    """A label holding a count (``"9271"``); anything else is ``None``."""
-    number = _label_float(labels, key)
-    return int(number) if number is not None and number.is_integer() and number >= 0 else None
+def _label_fraction(labels: Mapping[str, str], key: str, dropped: Counter[str]) -> float | None:
+    """A label holding a fraction in (0, 1] (``gpu_memory_utilization``)."""
+    number = _label_float(labels, key, dropped)
+    if number is not None and not 0 < number <= 1:
+        dropped[f"{_CACHE_CONFIG} {key}: outside (0, 1]"] += 1
+        return None
+    return number
+
+
+def _label_int(labels: Mapping[str, str], key: str, dropped: Counter[str]) -> int | None:
+    """A label holding a count (``"9271"``); a fraction is junk (``None``), a count out of
+    range is ``None`` and counted."""
+    number = _label_float(labels, key, dropped)
+    if number is None or not number.is_integer():
+        return None
+    if (reason := _unusable(key, number)) is not None:
+        dropped[f"{_CACHE_CONFIG} {key}: {reason}"] += 1
+        return None
+    return int(number)
 
 
 @dataclass
@@ -212,6 +258,7 @@ def parse(text: str) -> MetricsSnapshot:
     engines: dict[str, _Engine] = {}
     model_name: str | None = None
     problems: list[str] = []
+    dropped: Counter[str] = Counter()
     lines_read = 0
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.startswith(_PREFIXES):
@@ -227,6 +274,7 @@ def parse(text: str) -> MetricsSnapshot:
         if name not in WANTED:
             continue  # a longer name sharing a prefix (…_created, …_bucket)
         if math.isinf(value):
+            dropped[f"{name}: not finite"] += 1
             if len(problems) < _MAX_PROBLEMS:
                 problems.append(f"line {number}: value out of range: {line[:80]!r}")
             continue
@@ -235,7 +283,9 @@ def parse(text: str) -> MetricsSnapshot:
         if model_name is None and "model_name" in labels:
             model_name = labels["model_name"]
         if name == _CACHE_CONFIG:
-            engine.info = labels
+            engine.info = labels  # (its value is always 1: the labels are the information)
+        elif (reason := _unusable(name, value)) is not None:
+            dropped[f"{name}: {reason}"] += 1
         elif name == _WAITING_BY_REASON:
             if labels.get("reason") == "capacity":
                 engine.waiting_capacity = value
@@ -245,10 +295,10 @@ def parse(text: str) -> MetricsSnapshot:
             engine.values[_KV_USAGE] = value
         else:
             engine.values[name] = value
-    return _normalize(engines, model_name, problems, lines_read)
+    return _normalize(engines, model_name, problems, lines_read, dropped)
 
 
-def _engine_metrics(key: str, engine: _Engine, engine_count: int) -> EngineMetrics:
+def _engine_metrics(key: str, engine: _Engine, engine_count: int, dropped: Counter[str]) -> EngineMetrics:
     values = engine.values
 
     def get(name: str) -> int | float | None:
@@ -259,9 +309,9 @@ def _engine_metrics(key: str, engine: _Engine, engine_count: int) -> EngineMetri
         return None if number is None or math.isinf(number) else round(number)
 
     info = engine.info or {}
-    blocks = _label_int(info, "num_gpu_blocks")
-    block_size = _label_int(info, "block_size")
-    capacity = _label_int(info, "kv_cache_size_tokens")
+    blocks = _label_int(info, "num_gpu_blocks", dropped)
+    block_size = _label_int(info, "block_size", dropped)
+    capacity = _label_int(info, "kv_cache_size_tokens", dropped)
     if capacity is None and blocks is not None and block_size is not None:
         capacity = blocks * block_size // max(engine_count, 1)  # blocks are summed over DP engines
     usage = get(_KV_USAGE)
@@ -282,7 +332,7 @@ def _engine_metrics(key: str, engine: _Engine, engine_count: int) -> EngineMetri
         kv_cache_size_tokens=capacity,
         num_gpu_blocks=blocks,
         block_size=block_size,
-        gpu_memory_utilization=_label_float(info, "gpu_memory_utilization"),
+        gpu_memory_utilization=_label_fraction(info, "gpu_memory_utilization", dropped),
         cache_dtype=info.get("cache_dtype") if info.get("cache_dtype") not in {None, "None"} else None,
     )
 
@@ -293,10 +343,14 @@ def _sum(values: Iterable[int | float | None]) -> int | float | None:
 
 
 def _normalize(
-    engines: dict[str, _Engine], model_name: str | None, problems: list[str], lines_read: int
+    engines: dict[str, _Engine],
+    model_name: str | None,
+    problems: list[str],
+    lines_read: int,
+    dropped: Counter[str],
 ) -> MetricsSnapshot:
     per_engine = tuple(
-        _engine_metrics(key, engine, len(engines))
+        _engine_metrics(key, engine, len(engines), dropped)
         for key, engine in sorted(engines.items(), key=lambda item: (len(item[0]), item[0]))
     )
     if not per_engine and not problems:
@@ -329,6 +383,7 @@ def _normalize(
         problems=tuple(problems),
         lines_read=lines_read,
         cache_config=_first_info(engines),
+        dropped=dict(dropped),
     )
 
 

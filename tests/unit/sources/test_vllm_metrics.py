@@ -191,3 +191,96 @@ def test_rates_between_two_recorded_pages() -> None:
     assert second["prompt_tokens_total"] == pytest.approx((7217 - 6015) / 1.708)
     assert second["generation_tokens_total"] == pytest.approx((4137 - 3039) / 1.708)
     assert second["num_preemptions_total"] == pytest.approx(1 / 1.708)
+
+
+def _line(name: str, value: str, engine: str = "0") -> str:
+    return f'{name}{{engine="{engine}",model_name="m"}} {value}\n'
+
+
+class TestOutOfRange:
+    """Values no engine reports (usage outside [0, 1], negative counts, NaN, ±Inf, counts past
+    2**63) passed through to the policies (issue 16, item 14): each is dropped — the field is
+    null — and counted by reason in ``dropped``."""
+
+    @pytest.mark.parametrize(
+        ("name", "value", "field", "reason"),
+        [
+            ("vllm:kv_cache_usage_perc", "1.5", "kv_cache_usage", "outside [0, 1]"),
+            ("vllm:kv_cache_usage_perc", "-0.01", "kv_cache_usage", "outside [0, 1]"),
+            ("vllm:gpu_cache_usage_perc", "7", "kv_cache_usage", "outside [0, 1]"),
+            ("vllm:kv_cache_usage_perc", "NaN", "kv_cache_usage", "not finite"),
+            ("vllm:num_requests_waiting", "-3", "num_requests_waiting", "negative"),
+            ("vllm:num_requests_running", "-1", "num_requests_running", "negative"),
+            ("vllm:num_requests_running", "nan", "num_requests_running", "not finite"),
+            ("vllm:num_preemptions_total", "-2", "num_preemptions_total", "negative"),
+            ("vllm:prompt_tokens_total", "1e300", "prompt_tokens_total", "above 2**63"),
+            ("vllm:generation_tokens_total", "NaN", "generation_tokens_total", "not finite"),
+        ],
+    )
+    def test_parse_out_of_range_value_dropped_and_counted(
+        self, name: str, value: str, field: str, reason: str
+    ) -> None:
+        snapshot = parse(_line(name, value))
+        assert getattr(snapshot, field) is None
+        assert snapshot.engine_count == 1  # the engine answered; one of its values is unusable
+        assert snapshot.dropped == {f"{name}: {reason}": 1}
+        assert snapshot.to_dict()["dropped"] == {f"{name}: {reason}": 1}
+
+    def test_parse_waiting_capacity_negative_dropped(self) -> None:
+        page = 'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} -4\n'
+        snapshot = parse(page)
+        assert snapshot.num_requests_waiting_capacity is None
+        assert snapshot.dropped == {"vllm:num_requests_waiting_by_reason: negative": 1}
+
+    def test_parse_infinite_value_still_a_problem_and_counted(self) -> None:
+        snapshot = parse(_line("vllm:kv_cache_usage_perc", "+Inf") + _line("vllm:num_requests_running", "2"))
+        assert snapshot.kv_cache_usage is None
+        assert snapshot.problems
+        assert snapshot.dropped == {"vllm:kv_cache_usage_perc: not finite": 1}
+
+    def test_parse_data_parallel_hot_engine_out_of_range_not_the_maximum(self) -> None:
+        page = DP_PAGE.replace('engine="1",model_name="m"} 0.97', 'engine="1",model_name="m"} 97.0')
+        snapshot = parse(page)
+        assert snapshot.kv_cache_usage == 0.41
+        assert snapshot.engines[1].kv_cache_usage is None
+        assert snapshot.dropped == {"vllm:kv_cache_usage_perc: outside [0, 1]": 1}
+
+    def test_parse_counters_past_2_63_cannot_sum_to_infinity(self) -> None:
+        page = _line("vllm:prompt_tokens_total", "1.7e308") + _line(
+            "vllm:prompt_tokens_total", "1.7e308", "1"
+        )
+        snapshot = parse(page)
+        assert snapshot.prompt_tokens_total is None
+        assert snapshot.dropped == {"vllm:prompt_tokens_total: above 2**63": 2}
+
+    @pytest.mark.parametrize(
+        ("labels", "field", "dropped"),
+        [
+            ('gpu_memory_utilization="1.5"', "gpu_memory_utilization", "outside (0, 1]"),
+            ('gpu_memory_utilization="0"', "gpu_memory_utilization", "outside (0, 1]"),
+            ('gpu_memory_utilization="inf"', "gpu_memory_utilization", "not finite"),
+            ('num_gpu_blocks="1e300",block_size="16"', "num_gpu_blocks", "above 2**63"),
+            ('kv_cache_size_tokens="-4096"', "kv_cache_size_tokens", "negative"),
+        ],
+    )
+    def test_parse_cache_config_label_out_of_range_dropped(
+        self, labels: str, field: str, dropped: str
+    ) -> None:
+        key = labels.split("=", maxsplit=1)[0]
+        snapshot = parse(f'vllm:cache_config_info{{engine="0",{labels}}} 1.0\n')
+        assert getattr(snapshot, field) is None
+        assert snapshot.kv_cache_size_tokens is None
+        assert snapshot.dropped == {f"vllm:cache_config_info {key}: {dropped}": 1}
+
+    @pytest.mark.parametrize("value", ["1_000", "٣", "１", "0x1F", "infinity_", "1e", "--1"])
+    def test_parse_value_not_a_prometheus_number_is_a_problem(self, value: str) -> None:
+        """float() takes 1_000 and non-ASCII digits; the exposition format does not."""
+        snapshot = parse(_line("vllm:num_requests_running", value))
+        assert snapshot.num_requests_running is None
+        assert snapshot.problems
+
+    def test_parse_recorded_pages_drop_nothing(self) -> None:
+        pages = sorted(EXCERPTS.glob("*.txt")) + sorted((DATA / "vllm").glob("metrics-*.txt"))
+        assert pages
+        for page in pages:
+            assert parse(page.read_text()).dropped == {}, page.name
