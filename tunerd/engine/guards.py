@@ -66,8 +66,9 @@ class Refusal:
 
 
 def budget(facts: EngineFacts, config: GuardConfig, now: float) -> tuple[int, int]:
-    """(restarts in the window, restarts left)."""
-    used = sum(1 for time in facts.restarts if now - config.window < time <= now)
+    """(restarts in the window, restarts left). A restart recorded after ``now`` (the wall
+    clock stepped back since) counts as one at ``now``: a clock step never buys restarts."""
+    used = sum(1 for time in facts.restarts if now - config.window < time)
     return used, max(0, config.max_restarts - used)
 
 
@@ -83,7 +84,7 @@ def may_change(facts: EngineFacts, config: GuardConfig, now: float, settle: bool
     if facts.held:
         return Refusal("held after a crash loop or an exhausted budget (tunerd resume to continue)")
     if facts.restarts and settle:
-        since = now - max(facts.restarts)
+        since = max(0.0, now - max(facts.restarts))  # one "in the future" was just now
         if since < config.settle:
             return Refusal(
                 f"settling: {since:.0f} s since the last restart, one change per {config.settle:.0f} s"
@@ -121,8 +122,9 @@ def is_quiet(
 ) -> bool:
     """The engine has had at most ``max_running`` requests running for the last ``hold``
     seconds: readings cover the whole stretch (the oldest at or before ``now − hold``) and none
-    is over the limit or missing. ``samples`` are (time, num_requests_running), oldest first."""
-    recent = [(time, value) for time, value in samples if time <= now]
+    is over the limit or missing. ``samples`` are (time, num_requests_running), oldest first; one
+    stamped after ``now`` (the wall clock stepped back since) counts as a reading at ``now``."""
+    recent = [(min(time, now), value) for time, value in samples]
     if not recent or recent[0][0] > now - hold:
         return False  # not watched that long yet
     start = max((time for time, _ in recent if time <= now - hold), default=recent[0][0])

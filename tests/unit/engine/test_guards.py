@@ -105,3 +105,28 @@ def test_engines_sharing_a_gpu_stay_within_its_limit() -> None:
     assert shared_gpu_refusal("batch", 0.97, gpus, {"chat": 0.5, "embed": 0.45}, 0.95) is None  # alone on 1
     tensor_parallel = {"big": [0, 1], "small": [1]}
     assert "GPU 1 would be" in (shared_gpu_refusal("big", 0.8, tensor_parallel, {"small": 0.3}, 0.95) or "")
+
+
+def test_restarts_in_the_future_count_as_now() -> None:
+    """The wall clock stepped back an hour after three restarts: they lie "in the future" of
+    ``now`` and still count — budget, settle period and all (a clock step never buys
+    restarts)."""
+    now = 100_000.0
+    restarts = [now + HOUR - 60, now + HOUR - 30, now + HOUR - 10]
+    assert budget(EngineFacts(restarts), CONFIG, now) == (3, 0)
+    refusal = may_change(EngineFacts(restarts), CONFIG, now, settle=False)
+    assert refusal is not None
+    assert "restart budget spent: 3 restarts" in refusal.reason
+    assert refusal.hold
+    settling = may_change(EngineFacts(restarts[-1:]), CONFIG, now)
+    assert settling is not None
+    assert settling.reason.startswith("settling: 0 s since the last restart")
+
+
+def test_a_reading_in_the_future_counts_as_now_for_quiet() -> None:
+    """A busy reading stamped after ``now`` (the clock stepped back) is the newest reading: the
+    engine is not quiet."""
+    idle = [(float(t), 0.0) for t in range(0, 130, 2)]
+    busy_later = [*idle, (500.0, 5.0)]
+    assert not is_quiet(busy_later, now=128.0, max_running=0, hold=120.0)
+    assert is_quiet([*idle, (500.0, 0.0)], now=128.0, max_running=0, hold=120.0)
