@@ -1,27 +1,35 @@
 """tunerd's config file (DESIGN §4.8): engines, sources, mode, policies, guards, state.
 
 Loaded with :func:`tunerd.yamlfile.load_yaml`, so every problem comes back as
-``file:line: path: message``; all problems at once, never the first only. Checked beyond the
-schema: settings and bounds name allowlisted tunables with valid values, a tunable written in
-``command`` is refused (tunerd owns it), engine names are unique, a single ``engine:`` block is
-shorthand for a list of one. Policy globs are resolved relative to the config file.
+``file:line: path: message``; all problems at once, never the first only; a value of the wrong
+type is one of them, never an exception. Checked beyond the schema: settings and bounds name
+allowlisted tunables with values in their ranges (bounds ``[low, high]``), a tunable or a
+forbidden flag written in ``command`` is refused in any spelling vLLM reads (tunerd owns it),
+engine names are unique, a single ``engine:`` block is shorthand for a list of one. Numbers and
+booleans are strict (``true`` is not 1), durations are at most 30 days, URLs are ``http(s)``
+to a host, ``listen.metrics`` is ``HOST:PORT``, environment names are names, and no string
+holds a NUL. Policy globs are resolved relative to the config file; one that matches no file is
+refused.
 """
 
 from __future__ import annotations
 
 import glob
+import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tunerd.engine.args import command_problems
 from tunerd.notify.sink import Target
 from tunerd.paths import DEFAULT_CONFIG, RUN_DIR
-from tunerd.policy.schema import Duration
-from tunerd.tune import TUNABLES, validate_value
+from tunerd.policy.schema import Duration, PositiveDuration
+from tunerd.tune import TUNABLES, bounds_problem, validate_value
 from tunerd.units import parse_duration
 from tunerd.yamlfile import Problem, YamlError, load_yaml, located
 
@@ -48,7 +56,11 @@ class ConfigError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+GpuIndex = Annotated[int, Field(ge=0)]
+GpuUuid = Annotated[str, Field(min_length=1)]
 
 
 class EngineConfig(_Strict):
@@ -58,16 +70,16 @@ class EngineConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     unit: str | None = None
     url: str = "http://127.0.0.1:8000"
-    gpus: list[int | str] = Field(default_factory=lambda: list[int | str]([0]))
+    gpus: list[GpuIndex | GpuUuid] = Field(default_factory=lambda: list[int | str]([0]))
     settings: dict[str, Any] = Field(default_factory=dict)
     bounds: dict[str, list[Any]] = Field(default_factory=dict)
     ladders: dict[str, list[Any]] = Field(default_factory=dict)  # a knob's rungs replace its notches
     model: dict[str, Any] | None = None
     hooks: dict[str, list[str]] = Field(default_factory=dict)
     drain: Duration = 120.0  # --shutdown-timeout and the longest drain
-    startup_timeout: Duration = 900.0
+    startup_timeout: PositiveDuration = 900.0
     probation: Duration = 300.0
-    hook_timeout: Duration = 60.0  # each pre_stop / post_start run
+    hook_timeout: PositiveDuration = 60.0  # each pre_stop / post_start run
     gpu_wait: Duration = 120.0  # after a stop, for the memory the new settings need
     log_passthrough: Literal["warnings", "all", "none"] = "warnings"  # engine lines into tunerd's log
 
@@ -75,11 +87,11 @@ class EngineConfig(_Strict):
 class GpuConfig(_Strict):
     source: Literal["nvml", "nvidia-smi", "sim", "none"] = "nvml"
     url: str | None = None
-    interval: Duration = 0.25
+    interval: PositiveDuration = 0.25
 
 
 class MetricsConfig(_Strict):
-    interval: Duration = 2.0
+    interval: PositiveDuration = 2.0
 
 
 class ClockConfig(_Strict):
@@ -95,7 +107,7 @@ class QuietConfig(_Strict):
 
 class GuardsConfig(_Strict):
     max_restarts: int = Field(default=3, ge=1)
-    window: Duration = 3600.0
+    window: PositiveDuration = 3600.0
     on_exhausted: Literal["hold", "skip"] = "hold"
     quiet: QuietConfig = Field(default_factory=QuietConfig)
     settle: Duration = 900.0
@@ -185,9 +197,104 @@ def _pydantic_problems(error: ValidationError, prefix: tuple[str | int, ...]) ->
     return problems
 
 
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+_ENV_NAME_HELP = "a variable's name (no '=', no NUL), e.g. HF_HUB_OFFLINE"
+LISTEN_KEYS = ("status", "metrics")
+
+
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` (as written in a URL or HOST:PORT, IPv6 in brackets) is not a host."""
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"'{host}' is not an IPv6 address"
+        return None
+    if not host:
+        return "no host"
+    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
+        return f"'{host}' is not a host name or address"
+    return None
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` is not an ``http(s)://HOST[:PORT]/…`` URL (None when it is). Never quotes the
+    whole URL: a token may be part of it."""
+    expected = "expected an http:// or https:// URL to a host"
+    if any(char.isspace() or not char.isprintable() for char in url):
+        return f"{expected}: it holds spaces or control characters"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        return f"{expected}: {error}"
+    if parts.scheme not in ("http", "https"):
+        return (
+            f"{expected}, not a {parts.scheme}: URL"
+            if parts.scheme
+            else f"{expected}, e.g. https://HOST/PATH"
+        )
+    hostport = parts.netloc.rpartition("@")[2]
+    host = hostport[: hostport.index("]") + 1] if hostport.startswith("[") else hostport.partition(":")[0]
+    if (why := _host_problem(host)) is not None:
+        return f"{expected}: {why}"
+    if port == 0:
+        return f"{expected}: port 0"
+    return None
+
+
+def address_problem(address: str) -> str | None:
+    """Why ``address`` is not ``HOST:PORT`` (port 0 to 65535; 0 picks a free one; an IPv6
+    host in brackets) for tunerd to listen on."""
+    expected = f"expected HOST:PORT such as 127.0.0.1:9464 or [::1]:9464, got {address!r}"
+    host, colon, port = address.rpartition(":")
+    if not colon or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        return expected
+    if ":" in host and not host.startswith("["):  # an IPv6 address without its brackets
+        host = f"[{host}]"
+    why = _host_problem(host)
+    return None if why is None else f"{expected}: {why}"
+
+
+def _nul_problems(data: Any, path: tuple[str | int, ...] = ()) -> list[Problem]:
+    """Every string (key or value) holding a NUL: no argv, path or environment can carry one."""
+    if isinstance(data, str):
+        return [Problem(path, "a NUL character (\\0) is not accepted")] if "\0" in data else []
+    problems: list[Problem] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            child = (*path, key if isinstance(key, str | int) else str(key))
+            if isinstance(key, str) and "\0" in key:
+                problems.append(Problem(child, "a NUL character (\\0) is not accepted in a name"))
+            problems += _nul_problems(value, child)
+    elif isinstance(data, list):
+        for index, item in enumerate(data):
+            problems += _nul_problems(item, (*path, index))
+    return problems
+
+
+def _listen_problems(raw: Any) -> list[Problem]:
+    """``listen``: only ``status`` (a socket path) and ``metrics`` (HOST:PORT)."""
+    if not isinstance(raw, dict):
+        return []  # the schema says what it should be
+    problems = [
+        Problem(("listen", str(key)), f"unknown field (allowed: {', '.join(LISTEN_KEYS)})")
+        for key in raw
+        if key not in LISTEN_KEYS
+    ]
+    status, metrics = raw.get("status"), raw.get("metrics")
+    if isinstance(status, str) and not status.strip():
+        problems.append(Problem(("listen", "status"), "expected the status socket's path"))
+    if isinstance(metrics, str) and (why := address_problem(metrics)) is not None:
+        problems.append(Problem(("listen", "metrics"), why))
+    return problems
+
+
 def _notify_problems(raw: Any, environ: Mapping[str, str]) -> list[Problem]:
-    """What the schema cannot see: the variables named are set, names are unique, a Teams URL
-    is not a retired connector."""
+    """What the schema cannot see: the variables named are set, names are unique, the URL is an
+    http(s) URL to a host, a Teams URL is not a retired connector. Values of the wrong type
+    are left to the schema."""
     problems: list[Problem] = []
     if not isinstance(raw, list):
         return problems
@@ -195,17 +302,26 @@ def _notify_problems(raw: Any, environ: Mapping[str, str]) -> list[Problem]:
     for index, sink in enumerate(raw):
         if not isinstance(sink, dict):
             continue
-        if (name := sink.get("name")) in seen:
-            problems.append(Problem(("notify", index, "name"), f"duplicate sink name '{name}'"))
-        seen.add(str(name))
+        name = sink.get("name")
+        if isinstance(name, str):
+            if name in seen:
+                problems.append(Problem(("notify", index, "name"), f"duplicate sink name '{name}'"))
+            seen.add(name)
         for key in ("url_env", "secret_env"):
             variable = sink.get(key)
             if isinstance(variable, str) and not environ.get(variable):
                 problems.append(
                     Problem(("notify", index, key), f"{variable} is not set in tunerd's environment")
                 )
-        url = sink.get("url") or environ.get(str(sink.get("url_env")), "")
-        if sink.get("kind") == "teams" and "webhook.office.com" in url:
+        url, where = sink.get("url"), "url"
+        if url is None and isinstance(sink.get("url_env"), str):
+            url, where = environ.get(sink["url_env"]) or None, "url_env"
+        if not isinstance(url, str):
+            continue
+        if (why := url_problem(url)) is not None:
+            held = f"{sink['url_env']} holds no usable URL: " if where == "url_env" else ""
+            problems.append(Problem(("notify", index, where), held + why))
+        elif sink.get("kind") == "teams" and "webhook.office.com" in url:
             problems.append(
                 Problem(
                     ("notify", index, "kind"),
@@ -254,12 +370,27 @@ def _engine_problems(raw: dict[str, Any], path: tuple[str | int, ...]) -> list[P
                 problems.append(Problem((*path, section, knob), why))
             elif section in ("bounds", "ladders"):
                 if not isinstance(value, list) or not value:
-                    expected = "[low, high] or a list of values" if section == "bounds" else "a list of rungs"
-                    problems.append(Problem((*path, section, knob), f"expected {expected}"))
+                    expected = (
+                        bounds_problem(knob, value) if section == "bounds" else "expected a list of rungs"
+                    )
+                    problems.append(Problem((*path, section, knob), str(expected)))
                     continue
-                for position, item in enumerate(value):
-                    if why := validate_value(knob, item):
-                        problems.append(Problem((*path, section, knob, position), why))
+                items = [
+                    Problem((*path, section, knob, position), why)
+                    for position, item in enumerate(value)
+                    if (why := validate_value(knob, item))
+                ]
+                problems += items
+                if section == "bounds" and not items and (why := bounds_problem(knob, value)):
+                    problems.append(Problem((*path, section, knob), why))
+    env = raw.get("env")
+    if isinstance(env, dict):
+        for variable in env:
+            if isinstance(variable, str) and (not variable or "=" in variable):
+                problems.append(Problem((*path, "env", variable), f"expected {_ENV_NAME_HELP}"))
+    url = raw.get("url")
+    if isinstance(url, str) and (why := url_problem(url)) is not None:
+        problems.append(Problem((*path, "url"), why))
     hooks = raw.get("hooks")
     if isinstance(hooks, dict):
         for hook, argv in hooks.items():
@@ -332,12 +463,31 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
                 problems.append(Problem((block, "source"), "source: sim needs url: (the simulator's URL)"))
             elif raw.get("url") and raw.get("source") != "sim":
                 problems.append(Problem((block, "url"), "url: is only for source: sim"))
+            elif isinstance(raw.get("url"), str) and (why := url_problem(raw["url"])) is not None:
+                problems.append(Problem((block, "url"), why))
     problems += _notify_problems(data.get("notify"), os.environ)
+    problems += _listen_problems(data.get("listen"))
+    problems += _nul_problems(data)
     config = None
     try:
         config = Config.model_validate({**data, "source_file": str(path)})
     except ValidationError as error:
         problems += _pydantic_problems(error, ())
+    if config is not None and not problems and "policies" in data:
+        problems += _unmatched_globs(config)
     if problems or config is None:
         raise ConfigError(located(source, problems))
     return config
+
+
+def _unmatched_globs(config: Config) -> list[Problem]:
+    """A policy glob written in the file that matches no file: tunerd would run without the
+    policies meant (a path without wildcards that is missing is the policy loader's to say)."""
+    problems = []
+    base = Path(config.source_file).parent
+    for index, pattern in enumerate(config.policies):
+        full = pattern if Path(pattern).is_absolute() else str(base / pattern)
+        if glob.has_magic(full) and not glob.glob(full):
+            relative = "" if Path(pattern).is_absolute() else f" (relative to {base.resolve()})"
+            problems.append(Problem(("policies", index), f"'{pattern}' matches no file{relative}"))
+    return problems

@@ -497,26 +497,32 @@ class Daemon:
         """Read the config file and its policies again (SIGHUP). All or nothing: with any
         problem the running ones stay and the problems are said, each with its file and line.
         Policies (their states kept by name), mode, guards, metrics interval and notify take
-        effect; engines, state_dir, gpu, listen and clock need tunerd restarted (said)."""
+        effect; engines, state_dir, gpu, listen and clock need tunerd restarted (said). Everything
+        that can fail is done before anything changes: a problem of any kind is reload_failed."""
         self.notifier.reloading()
         try:
-            config = load_config(self.config.source_file)
-            policies = load_policy_files(config.policy_files())
+            loaded = load_config(self.config.source_file)
+            policies = load_policy_files(loaded.policy_files())
+            later = [name for name in RESTART_FIELDS if getattr(loaded, name) != getattr(self.config, name)]
+            config = loaded.model_copy(update={name: getattr(self.config, name) for name in later})
+            new_sinks = config.notify != self.config.notify
+            dispatcher = self._dispatcher(config) if new_sinks else self.dispatcher
         except (ConfigError, PolicyError) as error:
-            self.say("reload_failed", problems=error.problems, kept="the running config and policies")
-            self.notifier.ready(self.status_line())
-            return False
-        later = [name for name in RESTART_FIELDS if getattr(config, name) != getattr(self.config, name)]
-        interval, old_notify = self.config.metrics.interval, self.config.notify
-        self.config = config.model_copy(update={name: getattr(self.config, name) for name in later})
+            return self._reload_failed(error.problems)
+        except Exception as error:  # a bug in reading them must not take the running set along
+            return self._reload_failed(
+                [f"{self.config.source_file}: could not be reloaded: {type(error).__name__}: {error}"]
+            )
+        interval = self.config.metrics.interval
+        self.config = config
         self.actor.config = self.config
         if self.config.metrics.interval != interval:  # the tick's pace, and what 6 h of it holds
             self.store.resize(retention_capacity(RETENTION_S, max(self.config.metrics.interval, 0.25)))
             if self.jobs is not None and self.jobs.has("tick"):
                 self.jobs.every("tick", self.config.metrics.interval, self._tick_job, LOOP, now=False)
         self.policies = policies
-        if self.config.notify != old_notify:  # new sinks from now on; the old ones finish what is due
-            old, self.dispatcher = self.dispatcher, self._dispatcher(self.config)
+        if new_sinks:  # new sinks from now on; the old ones finish what is due
+            old, self.dispatcher = self.dispatcher, dispatcher
             if self.dispatcher is not None and self.jobs is not None:
                 self.dispatcher.start()
             if old is not None:
@@ -539,6 +545,12 @@ class Daemon:
         self.notifier.ready(self.status_line())
         self.publish()
         return True
+
+    def _reload_failed(self, problems: list[str]) -> bool:
+        """A reload that found problems: said, each located; the running config and policies stay."""
+        self.say("reload_failed", problems=problems, kept="the running config and policies")
+        self.notifier.ready(self.status_line())
+        return False
 
     def _engine_state(self, loop: EngineLoop, progress: Progress | None) -> str:
         """DESIGN §4.8's engine state."""

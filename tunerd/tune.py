@@ -17,6 +17,11 @@ end) changes nothing and says why. Default notches follow DESIGN §4.5:
 
 An engine's ``ladders: {knob: [rungs...]}`` replaces the default notches of that knob: a step
 goes to the next rung below (or above) the current value.
+
+Every value a knob may take lies in its range (:data:`MIN_VALUES` … :data:`MAX_VALUES`): a
+token count fits vLLM's 32-bit token indices, ``max_num_seqs`` the batch any engine can hold,
+``kv_cache_memory_bytes`` one GPU's memory (1 TiB), ``gpu_memory_utilization`` (0, 1]. A bool is
+never a number, and a whole-number knob takes whole numbers only.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ from typing import Any
 __all__ = [
     "BOOLEAN_TUNABLES",
     "KV_CACHE_DTYPES",
+    "MAX_VALUES",
+    "MIN_VALUES",
     "NUMERIC_TUNABLES",
     "OPERATIONS",
     "TUNABLES",
     "TuneResult",
     "apply_tune",
+    "bounds_problem",
     "changes",
     "settings_diff",
     "tune_problem",
@@ -53,6 +61,23 @@ KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 OPERATIONS = ("step_down", "step_up", "halve", "double")
 _INTEGER_TUNABLES = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"}
 _HALVING = {"max_num_batched_tokens", "kv_cache_memory_bytes", "max_model_len"}
+_TOKENS = 2**31 - 1  # vLLM indexes tokens with 32-bit integers
+#: The least value of each numeric knob (``gpu_memory_utilization``: more than this).
+MIN_VALUES: dict[str, float] = {
+    "gpu_memory_utilization": 0.0,
+    "max_model_len": 1,
+    "max_num_seqs": 1,
+    "max_num_batched_tokens": 1,
+    "kv_cache_memory_bytes": 1,
+}
+#: The greatest value of each numeric knob.
+MAX_VALUES: dict[str, float] = {
+    "gpu_memory_utilization": 1.0,
+    "max_model_len": _TOKENS,
+    "max_num_seqs": 1 << 20,
+    "max_num_batched_tokens": _TOKENS,
+    "kv_cache_memory_bytes": 1 << 40,  # per GPU: 1 TiB, more than any GPU has
+}
 
 
 @dataclass(frozen=True)
@@ -79,15 +104,36 @@ def validate_value(knob: str, value: Any) -> str | None:
     if knob == "kv_cache_dtype":
         return (
             None
-            if value in KV_CACHE_DTYPES
+            if isinstance(value, str) and value in KV_CACHE_DTYPES
             else f"kv_cache_dtype takes {', '.join(KV_CACHE_DTYPES)}, got {value!r}"
         )
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"{knob} takes a number, got {value!r}"
+    low, high = MIN_VALUES[knob], MAX_VALUES[knob]
     if knob == "gpu_memory_utilization":
-        return None if 0 < value <= 1 else f"gpu_memory_utilization must be in (0, 1], got {value}"
-    if knob in _INTEGER_TUNABLES and (not float(value).is_integer() or value < 1):
+        return None if low < value <= high else f"gpu_memory_utilization must be in (0, 1], got {value}"
+    if (isinstance(value, float) and not value.is_integer()) or value < low:  # also inf and nan
         return f"{knob} takes a positive whole number, got {value}"
+    if value > high:
+        return f"{knob} must be at most {high:,}, got {value}"
+    return None
+
+
+def bounds_problem(knob: str, bounds: Any) -> str | None:
+    """Why ``bounds`` are not bounds of ``knob`` (None when they are): a numeric knob takes
+    ``[low, high]`` with low ≤ high, any other knob a non-empty list of the values it may take;
+    every value valid for the knob."""
+    if knob not in TUNABLES:
+        return f"'{knob}' is not a tunable (tunables: {', '.join(TUNABLES)})"
+    numeric = knob in NUMERIC_TUNABLES
+    if not isinstance(bounds, list) or not bounds or (numeric and len(bounds) != 2):
+        expected = "[low, high]" if numeric else "a list of the values it may take"
+        return f"{knob} bounds are {expected}, got {bounds!r}"
+    for value in bounds:
+        if (why := validate_value(knob, value)) is not None:
+            return why
+    if numeric and bounds[0] > bounds[1]:
+        return f"{knob} bounds are [low, high], got [{bounds[0]}, {bounds[1]}]: the low one first"
     return None
 
 

@@ -181,7 +181,7 @@ def test_two_engines_on_two_gpus_keep_their_own_policy_states_guards_and_history
             "command": sim_command(ports[name], "h100-80g"),
             "url": f"http://127.0.0.1:{ports[name]}",
             "gpus": [index],
-            "settings": settings,
+            "settings": dict(settings),  # one dict each: a shared one is dumped as &id001/*id001
             "bounds": {"max_num_seqs": [4, 12]},
             "drain": "30s",
             "startup_timeout": "30s",

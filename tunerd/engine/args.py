@@ -8,6 +8,13 @@ config error (two owners of one flag). Booleans are ``--x`` / ``--no-x`` (vLLM's
 ``--preemption-mode``). :func:`settings_from_argv` reads the tunables back from a running
 engine's argv (for adoption), :func:`settings_from_cache_config` from its
 ``vllm:cache_config_info`` labels.
+
+Flags are read as vLLM's parser reads them: ``--max_num_seqs`` is ``--max-num-seqs``
+(``FlexibleArgumentParser`` turns ``_`` into ``-`` in a flag's name) and so is an unambiguous
+prefix such as ``--max-num-seq`` (argparse's ``allow_abbrev``). A prefix of several flags tunerd
+owns, or of one tunerd owns and another, is refused in a command too: vLLM would either read it
+as a flag tunerd owns or stop on it as ambiguous. In vLLM 0.32's parser no flag is itself a
+proper prefix of a flag tunerd owns, so an exact vLLM flag is never mistaken for one.
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ _FLAG_TO_KNOB = {flag: knob for knob, flag in FLAGS.items()}
 _NEGATED = {
     "--no-" + flag.removeprefix("--"): knob for knob, flag in FLAGS.items() if knob in BOOLEAN_TUNABLES
 }
+_SHUTDOWN_TIMEOUT = "--shutdown-timeout"
+#: The flags tunerd owns or refuses that vLLM still has: what an abbreviation may stand for.
+_ABBREVIABLE = (*_FLAG_TO_KNOB, *_NEGATED, "--disable-log-stats", _SHUTDOWN_TIMEOUT)
 
 
 class ArgsError(ValueError):
@@ -92,21 +102,56 @@ def _flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
+def _candidates(arg: str) -> list[str]:
+    """The flags tunerd owns or refuses that vLLM reads ``arg`` as (its name before ``=``):
+    one for an exact spelling (``_`` or ``-``) or an unambiguous prefix, several for an
+    ambiguous prefix of them, none for any other argument."""
+    name = _flag_name(arg)
+    if not name.startswith("--") or len(name) <= 2:  # a value, a short flag, or "--" itself
+        return []
+    name = "--" + name[2:].replace("_", "-")
+    if name in _FLAG_TO_KNOB or name in _NEGATED or name in FORBIDDEN_FLAGS or name == _SHUTDOWN_TIMEOUT:
+        return [name]
+    return [flag for flag in _ABBREVIABLE if flag.startswith(name)]
+
+
+def _owned_flag(arg: str) -> str | None:
+    """The flag tunerd owns or refuses that vLLM reads ``arg`` as, if exactly one."""
+    candidates = _candidates(arg)
+    return candidates[0] if len(candidates) == 1 else None
+
+
 def command_problems(command: Sequence[str]) -> list[str]:
     """Why ``command`` cannot be an engine command: tunables tunerd owns, forbidden flags,
-    a drain timeout tunerd sets itself."""
+    a drain timeout tunerd sets itself — in any spelling vLLM reads as one of them."""
     problems = []
     for arg in command:
-        name = _flag_name(arg)
-        knob = _FLAG_TO_KNOB.get(name) or _NEGATED.get(name)
+        candidates = _candidates(arg)
+        if not candidates:
+            continue
+        written = _flag_name(arg)
+        if len(candidates) > 1:
+            problems.append(
+                f"{written} is an abbreviation vLLM reads as one of {', '.join(candidates)} "
+                "(or refuses as ambiguous): tunerd sets those; write the whole name of the flag you mean"
+            )
+            continue
+        [flag] = candidates
+        if written == flag:
+            name = flag
+        elif "--" + written[2:].replace("_", "-") == flag:
+            name = f"{written} (vLLM reads it as {flag})"
+        else:
+            name = f"{written} (an abbreviation of {flag})"
+        knob = _FLAG_TO_KNOB.get(flag) or _NEGATED.get(flag)
         if knob is not None:
             problems.append(
                 f"{name} is tuned by tunerd: set {knob} under the engine's settings, not in command"
             )
-        elif name in FORBIDDEN_FLAGS:
-            problems.append(f"{name} is not allowed in command: {FORBIDDEN_FLAGS[name]}")
-        elif name == "--shutdown-timeout":
-            problems.append("--shutdown-timeout is set by tunerd from the restart's drain time")
+        elif flag in FORBIDDEN_FLAGS:
+            problems.append(f"{name} is not allowed in command: {FORBIDDEN_FLAGS[flag]}")
+        else:
+            problems.append(f"{name} is set by tunerd from the restart's drain time")
     return problems
 
 
@@ -125,12 +170,13 @@ def settings_from_argv(argv: Sequence[str]) -> dict[str, Any]:
     position = 0
     while position < len(argv):
         arg = argv[position]
-        name, _, inline = arg.partition("=")
+        inline = arg.partition("=")[2]
+        name = _owned_flag(arg)
         position += 1
         if name in _NEGATED:
             settings[_NEGATED[name]] = False
             continue
-        knob = _FLAG_TO_KNOB.get(name)
+        knob = _FLAG_TO_KNOB.get(name or "")
         if knob is None:
             continue
         if knob in BOOLEAN_TUNABLES:
@@ -156,12 +202,12 @@ def without_tunables(argv: Sequence[str]) -> tuple[str, ...]:
     position = 0
     while position < len(argv):
         arg = argv[position]
-        name = _flag_name(arg)
+        name = _owned_flag(arg) or ""
         position += 1
         knob = _FLAG_TO_KNOB.get(name)
         if name in _NEGATED or (knob is not None and knob in BOOLEAN_TUNABLES):
             continue
-        if knob is not None or name == "--shutdown-timeout":
+        if knob is not None or name == _SHUTDOWN_TIMEOUT:
             if "=" not in arg:
                 position += 1  # its value
             continue

@@ -27,10 +27,13 @@ from tunerd.yamlfile import Located, Problem, YamlError, load_yaml, located
 __all__ = [
     "DETECTOR_SIGNALS",
     "EVENTS",
+    "MAX_DURATION_S",
     "MODES",
+    "Duration",
     "Policy",
     "PolicyError",
     "PolicyFile",
+    "PositiveDuration",
     "load_policy_file",
     "load_policy_files",
 ]
@@ -48,6 +51,9 @@ class PolicyError(Exception):
         self.problems = problems
 
 
+MAX_DURATION_S = 30 * 86400.0  # no window, timeout or wait tunerd reads is longer than 30 days
+
+
 def _duration(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"invalid duration {value!r}: expected e.g. '10m'")
@@ -57,6 +63,15 @@ def _duration(value: Any) -> float:
         raise ValueError(str(error)) from None
     if not math.isfinite(seconds):
         raise ValueError(f"invalid duration {value!r}: expected e.g. '10m'")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"duration {value!r} is longer than 30 days")
+    return seconds
+
+
+def _positive_duration(value: Any) -> float:
+    seconds = _duration(value)
+    if seconds <= 0:
+        raise ValueError(f"duration {value!r} must be more than zero")
     return seconds
 
 
@@ -82,12 +97,13 @@ def _number(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(_duration)]
+PositiveDuration = Annotated[float, BeforeValidator(_positive_duration)]
 Size = Annotated[int, BeforeValidator(_size)]
 Number = Annotated[float, BeforeValidator(_number)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 # -- conditions ---------------------------------------------------------------------------
@@ -100,7 +116,7 @@ class MetricCondition(_Strict):
     equals: Number | None = None
     rate_above: Number | None = None
     rate_below: Number | None = None
-    window: Duration = 60.0  # for rates
+    window: PositiveDuration = 60.0  # for rates
     for_: Duration = Field(default=0.0, alias="for")
 
 
@@ -109,7 +125,7 @@ class SignalCondition(_Strict):
     headroom_below: Size | None = None  # memory_ratchet: free memory at the top below this
     by: Size | None = None  # over_budget / neighbour_growth: at least this much
     usage_above: Number = 0.85  # pool_saturation
-    window: Duration = 600.0  # neighbour_growth: grown within this window
+    window: PositiveDuration = 600.0  # neighbour_growth: grown within this window
     for_: Duration = Field(default=0.0, alias="for")
 
 
@@ -117,13 +133,13 @@ class EventCondition(_Strict):
     event: Literal["engine_crash", "engine_start_failed", "engine_unhealthy", "gpu_lost"]
     kind: str | None = None
     at_least: int = Field(default=1, ge=1)  # this many within `within` (a crash loop)
-    within: Duration | None = None
+    within: PositiveDuration | None = None
 
 
 class NoEventCondition(_Strict):
     no_event: Literal["engine_crash", "engine_start_failed", "engine_unhealthy", "gpu_lost"]
     kind: str | None = None
-    for_: Duration = Field(alias="for")
+    for_: PositiveDuration = Field(alias="for")
 
 
 class AllOf(_Strict):

@@ -23,16 +23,23 @@ def _load(text: str) -> list[str]:
     return []
 
 
-def test_yaml_merge_keys_and_empty_values_load() -> None:
+def test_yaml_anchors_and_merge_keys_are_refused_and_empty_values_load() -> None:
+    """Anchors, aliases and merge keys are refused (issue 16: nested aliases are a bomb), at
+    the line of the first; a file without them and with empty values loads."""
     text = (
         "version: 1\n"
         "base: &base {metric: kv_cache_usage, above: 0.9}\n"
         "policies:\n  - name: p\n    description:\n    when:\n      <<: *base\n    then:\n      - notify:\n"
     )
-    errors = _load(text)
-    assert errors == [
-        "p.yaml:2: base: unknown field (allowed: version, policies)"
-    ]  # loads; only the extra key
+    assert _load(text) == [
+        "p.yaml:2: YAML anchors and aliases (&x, *x) are not accepted: write the values out"
+    ]
+    merged = text.replace("&base ", "").replace("*base", "{metric: kv_cache_usage, above: 0.9}")
+    assert _load(merged) == ["p.yaml:7: YAML merge keys (<<) are not accepted: write the values out"]
+    written_out = merged.replace("base: {metric: kv_cache_usage, above: 0.9}\n", "").replace(
+        "<<: {metric: kv_cache_usage, above: 0.9}", "{metric: kv_cache_usage, above: 0.9}"
+    )
+    assert _load(written_out) == []
 
 
 @pytest.mark.parametrize(
