@@ -8,7 +8,8 @@ with the settings it had before, through the same saga (drain, verify, roll back
 fails), and tuning pauses so the policies do not redo the change at once. All three write to
 the state database, which the running daemon reads every tick, and are recorded in history;
 then they wake the daemon through its status socket (``--socket``) so that it acts at once,
-and say when no tunerd answered (it acts when it next runs).
+and say when no tunerd answered (it acts when it next runs). A person who may not read or
+write the state (tunerd keeps it 0700/0600: its user's) is told so in one line.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import argparse
 import contextlib
 import getpass
 import os
+import pwd
+import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
 from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands import summary
@@ -25,7 +29,7 @@ from tunerd.commands.common import EXIT_OK, Parser, UsageError
 from tunerd.commands.history import add_state_arguments, state_dir_of
 from tunerd.commands.status import add_socket_argument, socket_of, wake
 from tunerd.engine.args import settings_to_args
-from tunerd.state import State, StateError
+from tunerd.state import DB_NAME, State, StateError
 
 __all__ = ["register"]
 
@@ -68,17 +72,53 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     rollback.set_defaults(handler=_rollback, prog=rollback.prog)
 
 
+def _user() -> str:
+    """The user this command runs as (by its uid: ``USER`` may still name whoever ran ``su``)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
+
+
+def _cannot(what: str, state_dir: str | os.PathLike[str], why: object, *, denied: bool = True) -> UsageError:
+    advice = " (run it as the user tunerd runs as, or as root)" if denied else ""
+    return UsageError(f"cannot {what} the state in {state_dir}: {why}{advice}")
+
+
 def _open(args: argparse.Namespace) -> State:
-    state_dir = state_dir_of(args)
+    state_dir = Path(state_dir_of(args))
+    database = state_dir / DB_NAME
+    try:
+        exists = database.exists()
+    except OSError as error:  # a state folder only tunerd's user may enter
+        raise _cannot("read", state_dir, f"{(error.strerror or str(error)).lower()} for {_user()}") from None
+    writable = os.access(database, os.R_OK | os.W_OK) and os.access(state_dir, os.W_OK | os.X_OK)
+    if not exists:
+        raise UsageError(f"no state in {state_dir}: tunerd has not run there yet")
+    if not writable:  # SQLite writes beside the database too (-wal, -shm)
+        raise _cannot("change", state_dir, f"permission denied for {_user()}")
     try:
         state = State.open(state_dir, readonly=True)
-    except StateError:
-        raise UsageError(f"no state in {state_dir}: tunerd has not run there yet") from None
+    except StateError as error:  # e.g. a database tunerd has created but not filled yet
+        raise _cannot("read", state_dir, error, denied=False) from None
     known = state.engine(args.engine) is not None
     state.close()
     if not known:
         raise UsageError(f"no engine '{args.engine}' in {state_dir} (see `tunerd history`)")
-    return State.open(state_dir)
+    try:
+        return State.open(state_dir)
+    except StateError as error:
+        raise _cannot("change", state_dir, error, denied=False) from None
+
+
+@contextlib.contextmanager
+def _writing(state_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """A write the database refuses (read-only, locked, a full disk) is one line, not a
+    traceback."""
+    try:
+        yield
+    except (sqlite3.Error, StateError) as error:
+        raise _cannot("change", state_dir, error, denied=False) from None
 
 
 @contextlib.contextmanager
@@ -86,15 +126,16 @@ def _changing(args: argparse.Namespace, kind: str) -> Iterator[State]:
     """The state to change; the person's ``kind`` action is recorded with their reason."""
     state = _open(args)
     try:
-        yield state
-        state.record_action(
-            engine=args.engine,
-            kind=kind,
-            mode="act",
-            outcome="succeeded",
-            reason=args.reason,
-            now=SYSTEM_CLOCK.now(),
-        )
+        with _writing(state_dir_of(args)):
+            yield state
+            state.record_action(
+                engine=args.engine,
+                kind=kind,
+                mode="act",
+                outcome="succeeded",
+                reason=args.reason,
+                now=SYSTEM_CLOCK.now(),
+            )
     finally:
         state.close()
 
@@ -126,29 +167,30 @@ def _who() -> str:
 def _rollback(args: argparse.Namespace) -> int:
     state = _open(args)
     try:
-        change = state.last_change(args.engine)
-        if change is None:
-            raise UsageError(f"{args.engine}: nothing to roll back (no settings change has taken yet)")
-        record = state.engine(args.engine)
-        if record is None or record.running is None:
-            raise UsageError(f"{args.engine}: not running under tunerd")
-        running = state.version(record.running).settings
-        target = change["from_settings"]
-        if target == running:
-            raise UsageError(f"{args.engine}: already running the settings before its last change")
-        now = SYSTEM_CLOCK.now()
-        state.record_action(
-            engine=args.engine,
-            kind="rollback",
-            mode="act",
-            outcome="proposed",
-            reason=f"{args.reason} (undoes #{change['id']})",
-            now=now,
-            from_settings=running,
-            to_settings=target,
-            evidence={"asked_by": _who(), "undoes": change["id"]},
-        )
-        state.set_flags(args.engine, paused=f"rolled back by a person: {args.reason}")
+        with _writing(state_dir_of(args)):
+            change = state.last_change(args.engine)
+            if change is None:
+                raise UsageError(f"{args.engine}: nothing to roll back (no settings change has taken yet)")
+            record = state.engine(args.engine)
+            if record is None or record.running is None:
+                raise UsageError(f"{args.engine}: not running under tunerd")
+            running = state.version(record.running).settings
+            target = change["from_settings"]
+            if target == running:
+                raise UsageError(f"{args.engine}: already running the settings before its last change")
+            now = SYSTEM_CLOCK.now()
+            state.record_action(
+                engine=args.engine,
+                kind="rollback",
+                mode="act",
+                outcome="proposed",
+                reason=f"{args.reason} (undoes #{change['id']})",
+                now=now,
+                from_settings=running,
+                to_settings=target,
+                evidence={"asked_by": _who(), "undoes": change["id"]},
+            )
+            state.set_flags(args.engine, paused=f"rolled back by a person: {args.reason}")
     finally:
         state.close()
     print(

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.engine.process import Identity, ProcessError, StopResult, Successor, read_identity, rotate
+from tunerd.paths import private_dir, private_fd
 
 __all__ = [
     "SystemdRunner",
@@ -203,7 +204,7 @@ class SystemdRunner:
     def write_env(self, flags: Sequence[str]) -> None:
         """Replace the environment file atomically: a reader sees the old file or the new one."""
         text = env_file_text(flags)
-        self.env_path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.env_path.parent)
         fd, temporary = tempfile.mkstemp(prefix=f".{self.env_path.name}.", dir=self.env_path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -376,8 +377,8 @@ class UnitEngine:
         argv = ["journalctl", "-u", self.runner.unit, "-f", "--no-tail", "-o", "cat", "--no-pager"]
         if self.invocation:
             argv.append(f"_SYSTEMD_INVOCATION_ID={self.invocation}")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        private_dir(self.log_path.parent)
+        fd = private_fd(self.log_path, os.O_WRONLY | os.O_APPEND)  # 0600, like supervise mode's
         try:
             return subprocess.Popen(
                 argv,
