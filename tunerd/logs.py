@@ -3,39 +3,43 @@ when a person runs it in a terminal. Built on structlog.
 
 Every event is ``event`` plus its fields (``engine``, ``policy``, ``gpu``… where they apply),
 a ``level`` and a UTC ``timestamp``. Secrets never appear: the value of any of tunerd's
-secret-holding variables (``TUNERD_*`` ending in ``_URL``, ``_SECRET``, ``_TOKEN``, ``_KEY``,
-``_PASSWORD`` or ``_WEBHOOK`` — where the config's ``url_env``/``secret_env`` point; webhook URLs
-carry their tokens) is replaced by ``[redacted]`` wherever it shows up in an event. Other
-variables (an engine's ``HF_TOKEN``) are not tunerd's and are never logged by it.
+secret-holding variables is replaced by ``[redacted]`` wherever it shows up in an event —
+every variable the config names as a secret (a sink's ``url_env``/``secret_env``, whatever its
+name: ``secret_names``, given to :func:`configure` and, after a reload, to :func:`redact_also`;
+webhook URLs carry their tokens) and every ``TUNERD_*`` variable ending in ``_URL``,
+``_SECRET``, ``_TOKEN``, ``_KEY``, ``_PASSWORD`` or ``_WEBHOOK``. Other variables (an engine's
+``HF_TOKEN``) are not tunerd's and are never logged by it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Collection, Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["configure", "redact", "say", "secret_values"]
+__all__ = ["configure", "redact", "redact_also", "say", "secret_values"]
 
 _SECRET_SUFFIXES = ("_URL", "_SECRET", "_TOKEN", "_KEY", "_PASSWORD", "_WEBHOOK")
 REDACTED = "[redacted]"
+#: what the log's redactor replaces now (longest first); configure() and redact_also() set it
+_secrets: tuple[str, ...] = ()
 
 
-def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """The values to keep out of the log: tunerd's secret-holding variables (8+ characters, so
-    a stray short value never blanks ordinary words)."""
+def _is_secret(key: str, names: Collection[str]) -> bool:
+    upper = key.upper()
+    return key in names or (upper.startswith("TUNERD_") and upper.endswith(_SECRET_SUFFIXES))
+
+
+def secret_values(environ: Mapping[str, str], secret_names: Collection[str] = ()) -> tuple[str, ...]:
+    """The values to keep out of the log: tunerd's secret-holding variables and those named in
+    ``secret_names`` (8+ characters, so a stray short value never blanks ordinary words)."""
+    names = frozenset(secret_names)
     return tuple(
         sorted(
-            {
-                value
-                for key, value in environ.items()
-                if key.upper().endswith(_SECRET_SUFFIXES)
-                and key.upper().startswith("TUNERD_")
-                and len(value) >= 8
-            },
+            {value for key, value in environ.items() if _is_secret(key, names) and len(value) >= 8},
             key=len,
             reverse=True,
         )
@@ -56,20 +60,34 @@ def redact(value: Any, secrets: tuple[str, ...]) -> Any:
     return value
 
 
-def _redactor(secrets: tuple[str, ...]) -> Any:
-    def processor(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        return {key: redact(value, secrets) for key, value in event.items()}
+def _redactor(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    secrets = _secrets  # read once: a reload may replace it meanwhile
+    return {key: redact(value, secrets) for key, value in event.items()}
 
-    return processor
+
+def redact_also(secret_names: Collection[str], environ: Mapping[str, str] | None = None) -> None:
+    """Redact the values of ``secret_names`` too from now on (a reloaded config named new
+    ones); what was redacted stays redacted."""
+    global _secrets  # noqa: PLW0603 - the one redactor every logger of the process shares
+    found = secret_values(os.environ if environ is None else environ, secret_names)
+    _secrets = tuple(sorted(set(_secrets) | set(found), key=len, reverse=True))
 
 
 def configure(
-    stream: TextIO | None = None, *, console: bool | None = None, environ: Mapping[str, str] | None = None
+    stream: TextIO | None = None,
+    *,
+    console: bool | None = None,
+    environ: Mapping[str, str] | None = None,
+    secret_names: Collection[str] = (),
 ) -> None:
     """JSON lines on ``stream`` (stdout), or the console format on a terminal (``console``
-    forces either); colour only when the terminal allows and ``NO_COLOR`` is unset."""
+    forces either); colour only when the terminal allows and ``NO_COLOR`` is unset. The values
+    of ``secret_names`` (the variables the config names as secrets) and of tunerd's own
+    ``TUNERD_*`` secrets in ``environ`` are redacted."""
+    global _secrets  # noqa: PLW0603 - see redact_also
     out = stream or sys.stdout
     env = os.environ if environ is None else environ
+    _secrets = secret_values(env, secret_names)
     if console is None:
         console = out.isatty()
     renderer: Any = (
@@ -81,7 +99,7 @@ def configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            _redactor(secret_values(env)),
+            _redactor,
             renderer,
         ],
         logger_factory=structlog.PrintLoggerFactory(file=out),

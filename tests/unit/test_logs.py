@@ -58,3 +58,26 @@ def test_the_console_format_for_a_person_at_a_terminal() -> None:
     assert "engine_reconciled" in text
     assert "engine=main" in text
     assert "\033[" not in text
+
+
+def test_a_secret_the_config_names_is_redacted_whatever_its_name() -> None:
+    """``url_env``/``secret_env`` may name any variable (``DINGTALK_SECRET``): its value is
+    kept out of the log like a ``TUNERD_*`` one; a reload naming another adds it."""
+    environ = {
+        "DINGTALK_SECRET": "SECdingtalk-sign-0123456789",
+        "OPS_WEBHOOK_VAR": "https://hooks.example/services/T000/B000/xyz123",
+        "HF_TOKEN": "hf_not-tunerds-to-redact",
+    }
+    out = io.StringIO()
+    logs.configure(out, console=False, environ=environ, secret_names={"DINGTALK_SECRET"})
+    logs.say("notify_failed", error=f"signing with {environ['DINGTALK_SECRET']} failed")
+    logs.say("notify_failed", error=f"POST {environ['OPS_WEBHOOK_VAR']} refused")
+    logs.redact_also({"OPS_WEBHOOK_VAR"}, environ)  # SIGHUP: a config with a new sink
+    logs.say("notify_failed", error=f"POST {environ['OPS_WEBHOOK_VAR']} refused", hf=environ["HF_TOKEN"])
+    logs.say("signing", with_=environ["DINGTALK_SECRET"])
+    first, second, third, fourth = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first["error"] == "signing with [redacted] failed"
+    assert environ["OPS_WEBHOOK_VAR"] in second["error"]  # not named yet: not a secret
+    assert third["error"] == "POST [redacted] refused"
+    assert third["hf"] == environ["HF_TOKEN"]  # an engine's variable: not tunerd's secret
+    assert fourth["with_"] == "[redacted]"  # the first names stay redacted after the reload

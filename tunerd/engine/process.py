@@ -1,8 +1,10 @@
 """Supervise mode's engine process: spawn, adopt, stop. Linux only (reads ``/proc``).
 
 The engine runs as tunerd's child in its own session and process group (``setsid``), from an
-argv list (no shell), with tunerd's environment minus its secrets plus the engine's ``env``.
-Its stdout and stderr go to a log file in ``state_dir`` opened for appending, so nothing ties
+argv list (no shell), with tunerd's environment minus its secrets (every ``TUNERD_*`` variable
+and every variable the config names as a secret: :func:`engine_environment`) plus the engine's
+``env``. Its stdout and stderr go to a log file in ``state_dir`` (0600, :mod:`tunerd.paths`)
+opened for appending, so nothing ties
 the engine to tunerd: when tunerd dies the engine keeps serving, and the next tunerd adopts it
 by :class:`Identity` — PID and the kernel's start time for that PID (so a recycled PID is never
 mistaken for the engine). The argv ``/proc`` shows is kept for people and evidence, never
@@ -28,13 +30,14 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
+from tunerd.paths import open_private, private_dir, private_fd
 
 __all__ = [
     "SECRET_ENV_PREFIXES",
@@ -58,7 +61,8 @@ __all__ = [
     "runs_as",
 ]
 
-#: Environment variables tunerd keeps to itself (webhook secrets and tokens live under these).
+#: Environment variables tunerd keeps to itself (webhook secrets and tokens live under these);
+#: the variables the config names as secrets (``url_env``, ``secret_env``) are kept too, by name.
 SECRET_ENV_PREFIXES = ("TUNERD_",)
 _POLL_S = 0.05
 
@@ -217,10 +221,18 @@ def process_tree(pid: int) -> list[int]:
 
 
 def engine_environment(
-    base: Mapping[str, str], extra: Mapping[str, str], secret_prefixes: Sequence[str] = SECRET_ENV_PREFIXES
+    base: Mapping[str, str],
+    extra: Mapping[str, str],
+    secret_names: Collection[str] = frozenset(),
+    *,
+    secret_prefixes: Sequence[str] = SECRET_ENV_PREFIXES,
 ) -> dict[str, str]:
-    """tunerd's environment without its secrets, plus the engine's own ``env``."""
-    env = {key: value for key, value in base.items() if not key.startswith(tuple(secret_prefixes))}
+    """tunerd's environment without its secrets — every ``TUNERD_*`` variable and every one in
+    ``secret_names`` (the config's ``url_env``/``secret_env``, whatever their names) — plus
+    the engine's (or hook's) own ``env``, which the config gives on purpose."""
+    names = frozenset(secret_names)
+    prefixes = tuple(secret_prefixes)
+    env = {key: value for key, value in base.items() if key not in names and not key.startswith(prefixes)}
     env.update(extra)
     return env
 
@@ -236,9 +248,10 @@ class HookResult:
 class HookRun:
     """One run of a ``pre_stop``/``post_start`` hook (an argv list from the config, never a
     shell), started at once and looked at with :meth:`poll` — nobody waits on it. It runs in a
-    session of its own with tunerd's environment minus its secrets plus ``env``, and writes its
-    output straight into ``log_path`` (so it can outlive a tunerd that stops meanwhile); a run
-    past ``timeout`` has its whole group killed."""
+    session of its own with tunerd's environment minus its secrets (``TUNERD_*`` and
+    ``secret_names``) plus ``env``, and writes its output straight into ``log_path`` (0600; so
+    it can outlive a tunerd that stops meanwhile); a run past ``timeout`` has its whole group
+    killed."""
 
     def __init__(
         self,
@@ -249,6 +262,7 @@ class HookRun:
         log_path: str | os.PathLike[str],
         env: Mapping[str, str],
         clock: Clock = SYSTEM_CLOCK,
+        secret_names: Collection[str] = frozenset(),
     ) -> None:
         self.hook = hook
         self.argv = list(argv)
@@ -257,17 +271,17 @@ class HookRun:
         self.clock = clock
         self.started = clock.monotonic()
         self.result: HookResult | None = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         self._write(f"{hook}: {' '.join(self.argv)}\n")
         self._offset = self.path.stat().st_size
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        fd = private_fd(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             self._popen: subprocess.Popen[bytes] | None = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=fd,
                 stderr=subprocess.STDOUT,
-                env=engine_environment(os.environ, env),
+                env=engine_environment(os.environ, env, secret_names),
                 start_new_session=True,
                 close_fds=True,
             )
@@ -279,7 +293,7 @@ class HookRun:
 
     def _write(self, text: str) -> None:
         stamp = datetime.fromtimestamp(self.clock.now(), tz=UTC).isoformat(timespec="seconds")
-        with self.path.open("a", encoding="utf-8") as log:
+        with open_private(self.path, "a", encoding="utf-8") as log:
             log.write(f"{stamp} {text}")
 
     def _finish(self, result: HookResult) -> HookResult:
@@ -336,7 +350,8 @@ def copytruncate(path: Path, max_bytes: int, keep: int = 5) -> bool:
         older = path.with_name(f"{path.name}.{index}")
         if older.exists():
             older.replace(path.with_name(f"{path.name}.{index + 1}"))
-    shutil.copyfile(path, path.with_name(path.name + ".1"))
+    with path.open("rb") as source, open_private(path.with_name(path.name + ".1"), "wb") as copy:
+        shutil.copyfileobj(source, copy)
     with path.open("r+b") as handle:
         handle.truncate(0)
     return True
@@ -396,14 +411,19 @@ class EngineProcess:
         keep_logs: int = 5,
         cwd: str | os.PathLike[str] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        secret_names: Collection[str] = frozenset(),
     ) -> EngineProcess:
+        """Start ``argv`` with tunerd's environment minus its secrets (``TUNERD_*`` and
+        ``secret_names``) plus ``env``, its output appended to ``log_path`` (0600)."""
         if not argv:
             raise ProcessError("the engine's command is empty")
         path = Path(log_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         rotate(path, keep_logs)
-        environment = engine_environment(os.environ if base_env is None else base_env, env or {})
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        environment = engine_environment(
+            os.environ if base_env is None else base_env, env or {}, secret_names
+        )
+        fd = private_fd(path, os.O_WRONLY | os.O_APPEND)
         try:
             popen = subprocess.Popen(
                 list(argv),
@@ -549,13 +569,23 @@ class ProcessRunner:
     waits_for_room = True  # the old engine is gone before the spawn: wait for its memory
     stops_in_start = False  # tunerd stops the old engine itself (SIGTERM, then the group)
 
-    def __init__(self, log_path: Path, env: Mapping[str, str], clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        log_path: Path,
+        env: Mapping[str, str],
+        clock: Clock = SYSTEM_CLOCK,
+        secret_names: Collection[str] = frozenset(),
+    ) -> None:
         self.log_path = log_path
         self.env = env
         self.clock = clock
+        #: the variables the config names as secrets, kept from the engine (a reload sets them)
+        self.secret_names = frozenset(secret_names)
 
     def spawn(self, argv: Sequence[str]) -> EngineProcess:
-        return EngineProcess.spawn(argv, self.log_path, env=self.env, clock=self.clock)
+        return EngineProcess.spawn(
+            argv, self.log_path, env=self.env, clock=self.clock, secret_names=self.secret_names
+        )
 
     def start(self, argv: Sequence[str]) -> Started:
         """Spawn now: the engine is there as soon as this returns."""
