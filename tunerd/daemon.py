@@ -59,7 +59,7 @@ from tunerd.sources.gpu import GpuSource
 from tunerd.sources.select import gpu_source
 from tunerd.sources.sim_clock import SimulatorClock
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse
-from tunerd.state import HostLock, State
+from tunerd.state import HostLock, State, StateError
 from tunerd.status import engine_state, engine_status, status_document
 from tunerd.status_server import StatusServer
 from tunerd.store import Event, Store, retention_capacity
@@ -432,7 +432,7 @@ class Daemon:
                 self.say("engine_log_rotated", engine=loop.name, path=str(path), max_bytes=self.log_max_bytes)
         try:
             self.state.checkpoint()
-        except sqlite3.Error as error:
+        except (StateError, sqlite3.Error) as error:  # a full disk: said, and tried again next time
             self.say("state_checkpoint_failed", reason=str(error))
 
     def status(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import json
 import os
@@ -46,6 +47,8 @@ __all__ = [
     "Intent",
     "State",
     "StateError",
+    "StateTrouble",
+    "StateUnwritable",
     "Version",
 ]
 
@@ -117,6 +120,87 @@ _ADDED_COLUMNS = (
 
 class StateError(Exception):
     """The state cannot be opened or used; the message says why in one line."""
+
+
+class StateUnwritable(StateError):
+    """The state takes no writes now: the disk is full, the file or its folder is read-only
+    or not tunerd's, or the disk failed the write. It may pass (space is freed): what failed is
+    tried again."""
+
+
+#: SQLite's primary result codes that mean the file takes no writes (full, read-only, not ours)
+_UNWRITABLE_SQLITE = frozenset(
+    (
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_PERM,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_IOERR,
+    )
+)
+_UNWRITABLE_ERRNO = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO))
+
+
+def state_error(error: sqlite3.Error | OSError, where: object) -> StateError:
+    """``error`` as a :class:`StateError` that says where in one line:
+    :class:`StateUnwritable` when the disk is full, the file read-only or not ours."""
+    if isinstance(error, sqlite3.Error):
+        code = getattr(error, "sqlite_errorcode", None)
+        unwritable = code is not None and code & 0xFF in _UNWRITABLE_SQLITE
+        text = str(error)
+    else:
+        unwritable = error.errno in _UNWRITABLE_ERRNO
+        text = error.strerror or str(error)
+    kind = StateUnwritable if unwritable else StateError
+    return kind(f"{where}: {text}")
+
+
+TROUBLE_FIRST_S = 0.5  # a refused write is tried again this soon, then twice as late each time
+TROUBLE_MAX_S = 15.0  # … at most this late: once space is freed, tunerd goes on within it
+
+
+def retry_after(attempts: int) -> float:
+    """Seconds until a write the state refused ``attempts`` times in a row is tried again."""
+    return min(TROUBLE_MAX_S, TROUBLE_FIRST_S * 2.0 ** max(0, attempts - 1))
+
+
+@dataclass
+class StateTrouble:
+    """Writes the state refused, tried again with backoff until one goes through: what they
+    were for, why the last failed, since when (the daemon clock's ``now()``), how many tries,
+    and when the next is (on its ``monotonic()``: a clock step neither hurries nor stalls it)."""
+
+    what: str
+    error: str
+    unwritable: bool
+    since: float
+    attempts: int
+    next_try: float
+
+    @classmethod
+    def first(cls, what: str, error: StateError, now: float, monotonic: float) -> StateTrouble:
+        unwritable = isinstance(error, StateUnwritable)
+        return cls(what, str(error), unwritable, now, 1, monotonic + retry_after(1))
+
+    def again(self, what: str, error: StateError, monotonic: float) -> None:
+        """The retry failed too: later still."""
+        self.what, self.error, self.unwritable = what, str(error), isinstance(error, StateUnwritable)
+        self.attempts += 1
+        self.next_try = monotonic + retry_after(self.attempts)
+
+    def due(self, monotonic: float) -> bool:
+        return monotonic >= self.next_try
+
+    def to_dict(self, now: float, monotonic: float) -> dict[str, Any]:
+        """For ``tunerd status``: ``next_try`` on the clock's ``now()``."""
+        return {
+            "what": self.what,
+            "error": self.error,
+            "unwritable": self.unwritable,
+            "since": self.since,
+            "attempts": self.attempts,
+            "next_try": now + max(0.0, self.next_try - monotonic),
+        }
 
 
 @dataclass(frozen=True)
@@ -196,6 +280,8 @@ class State:
 
     def __init__(self, path: str | os.PathLike[str], readonly: bool = False) -> None:
         self.path = Path(path)
+        self._depth = 0  # transactions open: 1 the outermost, more its savepoints
+        self.commits = 0  # transactions committed: a caller sees whether its writes went through
         try:
             if readonly:
                 if not self.path.exists():
@@ -234,14 +320,67 @@ class State:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """All or nothing: ``BEGIN IMMEDIATE`` … ``COMMIT`` (rolled back on an exception)."""
-        self._db.execute("BEGIN IMMEDIATE")
+        """All or nothing: ``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on an exception.
+
+        One opened inside another is a savepoint of it: its writes commit with the outer one,
+        or roll back alone when it raises. SQLite's failures — a full disk at the ``COMMIT``
+        (where a write-ahead log grows) included — are rolled back and raised as
+        :class:`StateError` (:class:`StateUnwritable` for a full disk, a read-only file…):
+        the connection is never left inside a transaction, so the next write can succeed.
+        What belongs together goes in one; what must follow only a durable write (a log line,
+        a callback) follows the outermost ``with`` block."""
+        if self._depth:
+            yield from self._savepoint()
+            return
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as error:
+            raise state_error(error, self.path) from error
+        self._depth = 1
         try:
             yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
+            self._db.execute("COMMIT")
+        except BaseException as error:
+            self._rollback()
+            if isinstance(error, sqlite3.Error):
+                raise state_error(error, self.path) from error
             raise
-        self._db.execute("COMMIT")
+        finally:
+            self._depth = 0
+        self.commits += 1
+
+    def _savepoint(self) -> Iterator[sqlite3.Connection]:
+        name = f"tunerd_{self._depth}"
+        try:
+            self._db.execute(f"SAVEPOINT {name}")
+        except sqlite3.Error as error:
+            raise state_error(error, self.path) from error
+        self._depth += 1
+        try:
+            yield self._db
+            self._db.execute(f"RELEASE {name}")
+        except BaseException as error:
+            if self._db.in_transaction:  # SQLite may have rolled the whole transaction back
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute(f"ROLLBACK TO {name}")
+                    self._db.execute(f"RELEASE {name}")
+            if isinstance(error, sqlite3.Error):
+                raise state_error(error, self.path) from error
+            raise
+        finally:
+            self._depth -= 1
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:  # after some failures SQLite has rolled back already
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+
+    def _read(self, sql: str, parameters: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        """A query; SQLite's failure as a :class:`StateError`."""
+        try:
+            return self._db.execute(sql, parameters)
+        except sqlite3.Error as error:
+            raise state_error(error, self.path) from error
 
     # -- settings versions and engines ---------------------------------------------------
     def add_version(
@@ -270,7 +409,7 @@ class State:
             return int(cursor.lastrowid or 0)
 
     def version(self, version_id: int) -> Version:
-        row = self._db.execute("SELECT * FROM versions WHERE id = ?", (version_id,)).fetchone()
+        row = self._read("SELECT * FROM versions WHERE id = ?", (version_id,)).fetchone()
         if row is None:
             raise StateError(f"no settings version {version_id}")
         return _version(row)
@@ -279,7 +418,7 @@ class State:
         """What the config last said: the engine's newest ``initial`` version, its settings and
         command (written when tunerd first started the engine, and again each time a person
         changed the config)."""
-        row = self._db.execute(
+        row = self._read(
             "SELECT * FROM versions WHERE engine = ? AND source = 'initial' ORDER BY id DESC LIMIT 1",
             (engine,),
         ).fetchone()
@@ -307,7 +446,7 @@ class State:
             )
 
     def engine(self, engine: str) -> EngineRecord | None:
-        row = self._db.execute("SELECT * FROM engines WHERE engine = ?", (engine,)).fetchone()
+        row = self._read("SELECT * FROM engines WHERE engine = ?", (engine,)).fetchone()
         if row is None:
             return None
         return EngineRecord(
@@ -365,7 +504,7 @@ class State:
         record = self.engine(engine)
         good = self.version(record.last_known_good).settings if record and record.last_known_good else {}
         failed: dict[str, list[Any]] = {}
-        rows = self._db.execute(
+        rows = self._read(
             "SELECT settings FROM versions WHERE engine = ? AND failed_at IS NOT NULL AND failed_at >= ?",
             (engine, since),
         ).fetchall()
@@ -452,28 +591,46 @@ class State:
         with self.transaction() as db:
             db.execute("UPDATE actions SET reason = reason || '; ' || ? WHERE id = ?", (note, action_id))
 
+    def add_start(self, action_id: int, start: Mapping[str, Any]) -> None:
+        """One start of the engine made for an action (its generation, PID, version, when and
+        how): appended to the action's ``evidence.starts``, so every start is in history with
+        the action it was for — a rollback's, a resumed one's after tunerd restarted."""
+        with self.transaction() as db:
+            row = db.execute("SELECT evidence FROM actions WHERE id = ?", (action_id,)).fetchone()
+            if row is None:
+                raise StateError(f"{self.path}: no action {action_id} to record a start for")
+            evidence = json.loads(row["evidence"])
+            evidence["starts"] = [*evidence.get("starts", []), dict(start)]
+            db.execute(
+                "UPDATE actions SET evidence = ? WHERE id = ?",
+                (json.dumps(evidence, sort_keys=True, default=str), action_id),
+            )
+
     def history(self, engine: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """DESIGN §4.8's history records, newest first."""
         query = (
             "SELECT * FROM actions" + (" WHERE engine = ?" if engine else "") + " ORDER BY id DESC LIMIT ?"
         )
-        rows = self._db.execute(query, ((engine, limit) if engine else (limit,))).fetchall()
+        rows = self._read(query, ((engine, limit) if engine else (limit,))).fetchall()
         return [_action(row) for row in rows]
 
     def action(self, action_id: int) -> dict[str, Any] | None:
         """One history record by its id."""
-        row = self._db.execute("SELECT * FROM actions WHERE id = ?", (action_id,)).fetchone()
+        row = self._read("SELECT * FROM actions WHERE id = ?", (action_id,)).fetchone()
         return None if row is None else _action(row)
 
     def checkpoint(self) -> None:
         """Fold the write-ahead log into the database (it otherwise grows between automatic
         checkpoints while readers such as ``tunerd history`` hold it open)."""
-        self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as error:
+            raise state_error(error, self.path) from error
 
     def action_counts(self) -> list[tuple[str, str, str, str, int]]:
         """(engine, policy or "", kind, outcome, count) over the whole history: tunerd's
         actions counter."""
-        rows = self._db.execute(
+        rows = self._read(
             "SELECT engine, COALESCE(policy, '') AS policy, kind, outcome, COUNT(*) AS n FROM actions "
             "GROUP BY engine, policy, kind, outcome ORDER BY engine, policy, kind, outcome"
         ).fetchall()
@@ -482,7 +639,7 @@ class State:
     def requested_rollbacks(self, engine: str) -> list[dict[str, Any]]:
         """Rollbacks a person asked for (``tunerd rollback``) that no tunerd has carried out
         yet, oldest first: ``id``, ``to_settings`` and ``reason``."""
-        rows = self._db.execute(
+        rows = self._read(
             "SELECT id, to_settings, reason, evidence FROM actions WHERE engine = ? AND kind = 'rollback' "
             "AND outcome = 'proposed' ORDER BY id",
             (engine,),
@@ -495,7 +652,7 @@ class State:
 
     def last_change(self, engine: str) -> dict[str, Any] | None:
         """The last settings change that took (a tune or a rollback that succeeded)."""
-        row = self._db.execute(
+        row = self._read(
             "SELECT id FROM actions WHERE engine = ? AND kind IN ('tune', 'rollback') "
             "AND outcome = 'succeeded' AND from_settings IS NOT NULL ORDER BY id DESC LIMIT 1",
             (engine,),
@@ -507,7 +664,7 @@ class State:
     def restart_times(self, engine: str, since: float) -> list[float]:
         """When each restart of ``engine`` since ``since`` began (tunerd's and crash restarts;
         cancelled and merely proposed ones do not count)."""
-        rows = self._db.execute(
+        rows = self._read(
             "SELECT time FROM actions WHERE engine = ? AND time >= ? "
             "AND kind IN ('tune', 'restart', 'rollback') "
             "AND outcome IN ('applied', 'succeeded', 'failed', 'rolled_back') ORDER BY time",
@@ -517,15 +674,26 @@ class State:
 
     def crashes(self, engine: str, since: float) -> list[dict[str, Any]]:
         """The settings each crash since ``since`` happened with, oldest first."""
-        rows = self._db.execute(
+        rows = self._read(
             "SELECT from_settings FROM actions WHERE engine = ? AND time >= ? "
             "AND json_extract(evidence, '$.crash') IS NOT NULL ORDER BY id",
             (engine, since),
         ).fetchall()
         return [json.loads(row["from_settings"]) for row in rows if row["from_settings"]]
 
+    def unfinished_actions(self, engine: str) -> list[int]:
+        """The restarts of ``engine`` still ``applied`` (begun, no outcome yet), oldest first:
+        only the one its intent moves should be — any other was left by a tunerd that stopped
+        without an intent for it (an older tunerd wrote them apart)."""
+        rows = self._read(
+            "SELECT id FROM actions WHERE engine = ? AND outcome = 'applied' "
+            "AND kind IN ('tune', 'restart', 'rollback', 'adopt') ORDER BY id",
+            (engine,),
+        ).fetchall()
+        return [int(row["id"]) for row in rows]
+
     def last_outcome(self, engine: str, kind: str, since: float) -> str | None:
-        row = self._db.execute(
+        row = self._read(
             "SELECT outcome FROM actions WHERE engine = ? AND kind = ? AND time >= ? "
             "ORDER BY id DESC LIMIT 1",
             (engine, kind, since),
@@ -578,7 +746,7 @@ class State:
             db.execute("DELETE FROM intents WHERE engine = ?", (engine,))
 
     def intents(self) -> list[Intent]:
-        rows = self._db.execute("SELECT * FROM intents ORDER BY started").fetchall()
+        rows = self._read("SELECT * FROM intents ORDER BY started").fetchall()
         return [
             Intent(
                 r["engine"],

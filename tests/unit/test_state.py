@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tunerd.state import HostLock, State, StateError
+from tunerd.state import (
+    TROUBLE_MAX_S,
+    HostLock,
+    State,
+    StateError,
+    StateTrouble,
+    StateUnwritable,
+    retry_after,
+)
 
 SEED = {"gpu_memory_utilization": 0.92, "max_num_seqs": 8}
 
@@ -261,3 +269,135 @@ def test_a_database_from_before_commands_were_kept_is_read_and_upgraded(tmp_path
     )
     assert state.engine("main").spawned_argv == ["vllm"]
     state.close()
+
+
+# -- a state that refuses writes (issue 16): each failed before its fix ---------------------------
+
+
+def _fill(state: State) -> None:
+    """The database may not grow (SQLite's own max_page_count) and its free pages are taken:
+    the next write that needs a page gets SQLite's real SQLITE_FULL."""
+    db = state._db
+    db.execute("CREATE TABLE IF NOT EXISTS test_filler (x BLOB)")
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count = {pages}")
+    while True:
+        try:
+            db.execute("INSERT INTO test_filler VALUES (zeroblob(512))")
+        except sqlite3.OperationalError as error:
+            if "full" not in str(error):
+                raise
+            return
+
+
+def _free(state: State) -> None:
+    state._db.execute("PRAGMA max_page_count = 1073741823")
+
+
+def test_a_commit_that_fails_is_rolled_back_and_the_next_write_goes_through(tmp_path: Path) -> None:
+    """SQLite refused the COMMIT (here a foreign key checked at the commit; on a full disk, the
+    write-ahead log that could not grow). The connection stayed inside the transaction, so
+    every later write failed — 'cannot start a transaction within a transaction' — until
+    tunerd was restarted. Now the transaction is rolled back and the failure is a StateError."""
+    state = State.open(tmp_path)
+
+    def refused_at_the_commit() -> None:
+        with state.transaction() as db:
+            db.execute("PRAGMA defer_foreign_keys = ON")  # checked at the COMMIT, not the INSERT
+            db.execute(
+                "INSERT INTO intents (engine, action_id, step, started, updated) VALUES ('e', 999, 'x', 0, 0)"
+            )
+
+    with pytest.raises(StateError, match="FOREIGN KEY"):
+        refused_at_the_commit()
+    assert not state._db.in_transaction
+    assert state.intents() == []
+    state.record_action(engine="e", kind="restart", mode="act", outcome="applied", reason="r", now=1.0)
+    assert len(state.history()) == 1
+
+
+def test_a_full_database_is_unwritable_until_there_is_room_again(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+    state.record_action(engine="e", kind="restart", mode="act", outcome="applied", reason="r", now=1.0)
+    commits = state.commits
+    _fill(state)
+    big = {"log_lines": ["x" * 200] * 40}  # more than a page: it needs new ones
+    with pytest.raises(StateUnwritable, match="database or disk is full"):
+        state.record_action(
+            engine="e", kind="restart", mode="act", outcome="applied", reason="r", now=2.0, evidence=big
+        )
+    assert not state._db.in_transaction
+    assert state.commits == commits  # nothing went through
+    _free(state)
+    state.record_action(
+        engine="e", kind="restart", mode="act", outcome="applied", reason="r", now=3.0, evidence=big
+    )
+    assert state.commits == commits + 1
+    assert len(state.history()) == 2
+
+
+def test_transactions_nest_and_are_all_or_nothing(tmp_path: Path) -> None:
+    """Writes that belong together (a saga's end and its history record) go in one
+    transaction; one opened inside it is a savepoint."""
+    state = State.open(tmp_path)
+
+    def interrupted() -> None:
+        with state.transaction():
+            state.add_version("e", SEED, "initial", now=0.0)
+            state.record_action(
+                engine="e", kind="restart", mode="act", outcome="applied", reason="r", now=0.0
+            )
+            raise RuntimeError("between two writes")
+
+    with pytest.raises(RuntimeError):
+        interrupted()
+    assert state.history() == []
+    assert state.engine("e") is None
+    with state.transaction():
+        version = state.add_version("e", SEED, "initial", now=0.0)
+        with pytest.raises(StateError, match="no restart in flight"):
+            state.advance_intent("e", "starting", now=1.0)  # rolled back alone
+        state.record_action(engine="e", kind="restart", mode="act", outcome="applied", reason="r", now=0.0)
+    assert state.version(version).settings == SEED
+    assert len(state.history()) == 1
+
+
+def test_each_start_is_appended_to_the_history_record_of_its_action(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+    action = state.record_action(
+        engine="e", kind="tune", mode="act", outcome="applied", reason="r", now=0.0, evidence={"crash": {}}
+    )
+    state.add_start(action, {"generation": 2, "pid": 10, "how": "spawned"})
+    state.add_start(action, {"generation": 3, "pid": 11, "how": "spawned"})
+    [record] = state.history()
+    assert [start["pid"] for start in record["evidence"]["starts"]] == [10, 11]
+    assert record["evidence"]["crash"] == {}  # the rest of the evidence is kept
+    with pytest.raises(StateError, match="no action 99"):
+        state.add_start(99, {})
+
+
+def test_unfinished_actions_are_the_restarts_still_applied(tmp_path: Path) -> None:
+    state = State.open(tmp_path)
+
+    def record(kind: str, outcome: str) -> int:
+        return state.record_action(engine="e", kind=kind, mode="act", outcome=outcome, reason="r", now=0.0)
+
+    begun = record("restart", "applied")
+    record("notify", "applied")  # an alert sent: final as it is
+    record("tune", "succeeded")
+    record("rollback", "proposed")  # a person's, waiting for tunerd
+    tune = record("tune", "applied")
+    assert state.unfinished_actions("e") == [begun, tune]
+
+
+def test_a_refused_write_is_tried_again_later_and_later_on_the_monotonic_clock() -> None:
+    trouble = StateTrouble.first("moving to starting", StateUnwritable("db: full"), now=100.0, monotonic=5.0)
+    assert (trouble.attempts, trouble.unwritable, trouble.next_try) == (1, True, 5.0 + retry_after(1))
+    assert not trouble.due(5.1)
+    trouble.again("moving to starting", StateError("db: locked"), monotonic=6.0)
+    assert (trouble.attempts, trouble.unwritable) == (2, False)
+    assert trouble.next_try == 6.0 + 2 * retry_after(1)
+    assert retry_after(100) == TROUBLE_MAX_S
+    shown = trouble.to_dict(now=200.0, monotonic=6.0)
+    assert shown["next_try"] == 200.0 + 2 * retry_after(1)
+    assert shown["since"] == 100.0

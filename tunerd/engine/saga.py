@@ -51,8 +51,9 @@ deadlines on its ``monotonic()``, records on its ``now()``.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,7 +73,7 @@ from tunerd.engine.guards import (
 from tunerd.engine.process import HookResult, HookRun, Identity, ProcessError, ProcessRunner, Successor
 from tunerd.outcomes import CrashResponse, Mode, Outcome, Progress, SagaKind, SagaResult, Step
 from tunerd.sources.vllm_metrics import MetricsClient
-from tunerd.state import Intent, State
+from tunerd.state import Intent, State, StateError, StateTrouble
 from tunerd.tune import changes
 
 __all__ = [
@@ -209,7 +210,9 @@ class _Phase:
     killed_at: float | None = None
     launch: Launch | None = None
     argv: list[str] | None = None
+    engine: Engine | None = None  # what the launch gave, kept until it is recorded (one per start)
     verified: bool = False
+    note: str | None = None  # for the action's reason, written with the step's end (post_start's failure)
 
 
 @dataclass
@@ -288,6 +291,12 @@ class Supervisor:
         self.adopted_by_hand: str | None = None  # why, when reconcile found a person's engine
         self._busy = state.intent(spec.name) is not None  # a saga in flight (the intent row)
         self._down: str | None = None  # why nothing runs after a start failed before a spawn
+        #: writes of the saga in flight that the state refused (a full disk…): the step is
+        #: stuck and tried again with backoff; None while the state takes them
+        self.trouble: StateTrouble | None = None
+        self._doing = ""  # the write in progress, for the trouble's text
+        # how a step ended that could not be written yet: (action, kind, step), abort | failed, why
+        self._ending: tuple[tuple[int, str, str], str, str] | None = None
         #: the mode in force (the daemon keeps it current): what history records for the
         #: supervision tunerd does in every mode — first starts, crash restarts
         self.mode: Mode = Mode.ACT
@@ -317,11 +326,16 @@ class Supervisor:
         deadline = None
         if phase is not None and phase.deadline is not None:
             deadline = self.clock.now() + (phase.deadline - self.clock.monotonic())
+        detail = phase.detail if phase is not None else ""
+        if self.trouble is not None:
+            trouble = self.trouble
+            wait = max(0.0, trouble.next_try - self.clock.monotonic())
+            detail = f"stuck: {trouble.what}: {trouble.error} (try {trouble.attempts}; again in {wait:.0f} s)"
         return Progress(
             kind=SagaKind(intent.kind),
             step=Step(intent.step),
             action_id=intent.action_id,
-            detail=phase.detail if phase is not None else "",
+            detail=detail,
             deadline=deadline,
             started=intent.started,
         )
@@ -336,22 +350,34 @@ class Supervisor:
         it again); the engine itself keeps running."""
         if self._phase is not None and self._phase.hook is not None:
             self._phase.hook.kill()
+        self._drop_phase()
         if self.process is not None:
             self.process.close()
         if self._owns_client:
             self.client.close()
 
     # -- beginning a saga -------------------------------------------------------------------
-    def _begin(
+    @contextlib.contextmanager
+    def _write(self, doing: str) -> Iterator[None]:
+        """One transaction of writes that belong together; ``doing`` says what it was for if
+        the state refuses it (:attr:`trouble`). What must follow only a durable write — a
+        callback, a log line, a swap of the process handle, a backoff — follows the block."""
+        self._doing = doing
+        with self.state.transaction():
+            yield
+
+    def _intent(
         self,
         kind: SagaKind,
         action: int,
         *,
         to_version: int,
         from_version: int | None,
-        note: str | None = None,
         first: Step | None = None,
-    ) -> None:
+    ) -> Step:
+        """Write the saga's intent in the caller's transaction — the one that records its action,
+        so the next tunerd finds both or neither (a restart recorded without its intent was
+        never ended, and counted against the budget for good); :meth:`_began` once committed."""
         step = first or FLOWS[kind][0]
         self.state.begin_intent(
             self.spec.name,
@@ -361,11 +387,14 @@ class Supervisor:
             from_version=from_version,
             to_version=to_version,
             kind=str(kind),
-            note=note,
         )
+        return step
+
+    def _began(self, step: Step) -> None:
         self._busy = True
-        self._phase = None
+        self._drop_phase()
         self._spawned_at = None
+        self._ending = None
         self.on_step(str(step))
 
     def start_initial(self, settings: Mapping[str, Any]) -> SagaResult:
@@ -376,19 +405,21 @@ class Supervisor:
     def begin_first_start(self, settings: Mapping[str, Any]) -> SagaResult | None:
         """Start the engine with the configured settings, to become last-known-good."""
         now = self.clock.now()
-        version = self.state.add_version(
-            self.spec.name, settings, "initial", now, command=list(self.spec.command)
-        )
-        action = self.state.record_action(
-            engine=self.spec.name,
-            kind="restart",
-            mode=self.mode,
-            outcome="applied",
-            reason="first start under tunerd",
-            now=now,
-            to_settings=settings,
-        )
-        self._begin(SagaKind.FIRST_START, action, to_version=version, from_version=None)
+        with self._write("beginning the first start"):
+            version = self.state.add_version(
+                self.spec.name, settings, "initial", now, command=list(self.spec.command)
+            )
+            action = self.state.record_action(
+                engine=self.spec.name,
+                kind="restart",
+                mode=self.mode,
+                outcome="applied",
+                reason="first start under tunerd",
+                now=now,
+                to_settings=settings,
+            )
+            step = self._intent(SagaKind.FIRST_START, action, to_version=version, from_version=None)
+        self._began(step)
         return None
 
     def restart(self, settings: Mapping[str, Any], **asked: Any) -> SagaResult:
@@ -425,47 +456,56 @@ class Supervisor:
                 return SagaResult(
                     SagaKind.RESTART, Outcome.SKIPPED, asked, old.id, "a restart is already in flight"
                 )
-            if version is None:
-                version = self.state.add_version(self.spec.name, settings, source, now)
-            self.state.update_action(asked, "applied", now)
-            self._begin(SagaKind.RESTART, asked, to_version=version, from_version=old.id)
+            with self._write("beginning a restart a person asked for"):
+                if version is None:
+                    version = self.state.add_version(self.spec.name, settings, source, now)
+                self.state.update_action(asked, "applied", now)
+                step = self._intent(SagaKind.RESTART, asked, to_version=version, from_version=old.id)
+            self._began(step)
             return None
         refusal = may_change(facts, self.guards, now, settle=not after_crash)
         if refusal is not None:
+            hold = refusal.hold and not record.held
+            with self._write("recording a refused restart"):
+                action = self.state.record_action(
+                    engine=self.spec.name,
+                    kind="tune",
+                    mode=self.mode,
+                    outcome="skipped",
+                    reason=f"{reason}; not applied: {refusal.reason}",
+                    now=now,
+                    policy=policy,
+                    from_settings=old.settings,
+                    to_settings=settings,
+                    evidence=evidence,
+                )
+                if hold:
+                    self.state.set_flags(self.spec.name, held=True)
+            if hold:
+                self.on_held(f"{refusal.reason}: tuning stopped")
+            return SagaResult(SagaKind.RESTART, Outcome.SKIPPED, action, old.id, refusal.reason)
+        # after a crash there is nothing to take out of rotation or to drain: what is left of
+        # the dead engine goes, and the new settings start (a failing pre_stop must not keep
+        # a dead engine down)
+        first = Step.STOPPING if after_crash else None
+        with self._write("beginning a restart"):
+            version = self.state.add_version(self.spec.name, settings, "tune", now)
             action = self.state.record_action(
                 engine=self.spec.name,
                 kind="tune",
                 mode=self.mode,
-                outcome="skipped",
-                reason=f"{reason}; not applied: {refusal.reason}",
+                outcome="applied",
+                reason=reason,
                 now=now,
                 policy=policy,
                 from_settings=old.settings,
                 to_settings=settings,
                 evidence=evidence,
             )
-            if refusal.hold and not record.held:
-                self.state.set_flags(self.spec.name, held=True)
-                self.on_held(f"{refusal.reason}: tuning stopped")
-            return SagaResult(SagaKind.RESTART, Outcome.SKIPPED, action, old.id, refusal.reason)
-        version = self.state.add_version(self.spec.name, settings, "tune", now)
-        action = self.state.record_action(
-            engine=self.spec.name,
-            kind="tune",
-            mode=self.mode,
-            outcome="applied",
-            reason=reason,
-            now=now,
-            policy=policy,
-            from_settings=old.settings,
-            to_settings=settings,
-            evidence=evidence,
-        )
-        # after a crash there is nothing to take out of rotation or to drain: what is left of
-        # the dead engine goes, and the new settings start (a failing pre_stop must not keep
-        # a dead engine down)
-        first = Step.STOPPING if after_crash else None
-        self._begin(SagaKind.RESTART, action, to_version=version, from_version=old.id, first=first)
+            step = self._intent(
+                SagaKind.RESTART, action, to_version=version, from_version=old.id, first=first
+            )
+        self._began(step)
         return None
 
     def _begin_recover(self, version: int, reason: str, evidence: Mapping[str, Any] | None = None) -> int:
@@ -473,18 +513,20 @@ class Supervisor:
         record = self.state.engine(self.spec.name)
         running = record.running if record else None
         settings = self.state.version(version).settings
-        action = self.state.record_action(
-            engine=self.spec.name,
-            kind="restart",
-            mode=self.mode,
-            outcome="applied",
-            reason=reason,
-            now=self.clock.now(),
-            from_settings=self.state.version(running).settings if running else None,
-            to_settings=settings,
-            evidence=evidence,
-        )
-        self._begin(SagaKind.RECOVER, action, to_version=version, from_version=running)
+        with self._write("beginning a restart of a down engine"):
+            action = self.state.record_action(
+                engine=self.spec.name,
+                kind="restart",
+                mode=self.mode,
+                outcome="applied",
+                reason=reason,
+                now=self.clock.now(),
+                from_settings=self.state.version(running).settings if running else None,
+                to_settings=settings,
+                evidence=evidence,
+            )
+            step = self._intent(SagaKind.RECOVER, action, to_version=version, from_version=running)
+        self._began(step)
         return action
 
     def run_to_end(self, begun: SagaResult | None = None) -> SagaResult:
@@ -505,27 +547,71 @@ class Supervisor:
     def advance(self) -> SagaResult | None:
         """Do what the saga in flight allows now; its result once it has ended, else None
         (also when there is no saga). Steps that need no waiting follow one another in one
-        call."""
+        call.
+
+        A write the state refuses (:class:`~tunerd.state.StateError`: the disk is full, the
+        file read-only) ends nothing: the step is *stuck* — :attr:`trouble` says on what and
+        why, :meth:`progress` shows it — and is tried again at a later call, with backoff on
+        the monotonic clock, until the state takes the write; then the saga goes on from
+        where it was. What failed is never taken for the engine's failure: only the state's
+        errors are; any other error in a step fails the step, as before."""
+        trouble = self.trouble
+        if trouble is not None and not trouble.due(self.clock.monotonic()):
+            return None
+        commits = self.state.commits
+        try:
+            result = self._advance()
+        except StateError as error:
+            self._refused(error, afresh=self.state.commits > commits)
+            return None
+        if self.trouble is not None and self.state.commits > commits:
+            self.trouble = None  # the state takes writes again
+        return result
+
+    def _refused(self, error: StateError, afresh: bool) -> None:
+        """The state refused the write in progress: the step is stuck until a retry goes
+        through (``afresh``: an earlier write of this call went through — a new trouble)."""
+        phase = self._phase
+        what = f"step {phase.step if phase is not None else '?'}: {self._doing}"
+        monotonic = self.clock.monotonic()
+        if self.trouble is None or afresh:
+            self.trouble = StateTrouble.first(what, error, self.clock.now(), monotonic)
+        else:
+            self.trouble.again(what, error, monotonic)
+
+    def _advance(self) -> SagaResult | None:
         for _ in range(len(Step) + 1):
+            self._doing = "reading the state"
             intent = self.state.intent(self.spec.name)
             if intent is None:
                 return None
             kind, step = SagaKind(intent.kind), Step(intent.step)
             if self._phase is None or self._phase.step != step:
+                self._drop_phase()
                 self._phase = _Phase(step)
-            try:
+            key = (intent.action_id, intent.kind, intent.step)
+            ending = self._ending[1:] if self._ending is not None and self._ending[0] == key else None
+            if ending is None:
                 try:
-                    done = self._work(step, intent)
-                except (_Abort, _StepFailed):
-                    raise
-                except Exception as error:  # a bug, a full disk, systemctl gone: a failed step
-                    raise _StepFailed(f"{step} failed: {type(error).__name__}: {error}") from error
-            except _Abort as abort:
-                alive = self.process is not None and self.process.alive()
-                why = f"{abort}: " + ("the old engine still serves" if alive else "the engine stays down")
-                return self._end(intent, Outcome.FAILED, why, serving=alive)
-            except _StepFailed as failure:
-                result = self._failed(intent, str(failure))
+                    try:
+                        done = self._work(step, intent)
+                    except (_Abort, _StepFailed, StateError):
+                        raise  # the state's errors: the step is stuck, not failed (advance)
+                    except Exception as error:  # a bug, systemctl gone: a failed step
+                        raise _StepFailed(f"{step} failed: {type(error).__name__}: {error}") from error
+                except _Abort as abort:
+                    ending = ("abort", str(abort))
+                except _StepFailed as failure:
+                    ending = ("failed", str(failure))
+                if ending is not None:  # kept until written: a retry writes it, never redoes the step
+                    self._ending = (key, ending[0], ending[1])
+            if ending is not None:
+                how, why = ending
+                if how == "abort":
+                    alive = self.process is not None and self.process.alive()
+                    why = f"{why}: " + ("the old engine still serves" if alive else "the engine stays down")
+                    return self._end(intent, Outcome.FAILED, why, serving=alive)
+                result = self._failed(intent, why)
                 if result is not None:
                     return result
                 continue  # a failed restart turned into its rollback
@@ -535,13 +621,25 @@ class Supervisor:
             index = flow.index(step)
             if index + 1 == len(flow):
                 return self._succeeded(intent)
-            self._step(flow[index + 1])
+            self._step(intent, flow[index + 1])
         return None
 
-    def _step(self, step: Step) -> None:
-        self.state.advance_intent(self.spec.name, str(step), self.clock.now())
+    def _step(self, intent: Intent, step: Step) -> None:
+        note = self._phase.note if self._phase is not None else None
+        with self._write(f"moving to step {step}"):
+            if note is not None:
+                self.state.note_action(intent.action_id, note)
+            self.state.advance_intent(self.spec.name, str(step), self.clock.now())
+        self._drop_phase()
         self._phase = _Phase(step)
         self.on_step(str(step))
+
+    def _drop_phase(self) -> None:
+        """Forget the step in progress; an engine its launch gave that was never recorded is
+        let go (systemd mode: its journal copy stops)."""
+        phase, self._phase = self._phase, None
+        if phase is not None and phase.engine is not None and phase.engine is not self.process:
+            phase.engine.close()
 
     def _wait(self, seconds: float) -> float:
         """The current step's deadline, set at its first look (``seconds`` from then)."""
@@ -666,15 +764,20 @@ class Supervisor:
             except ProcessError as error:
                 raise _StepFailed(str(error)) from None
             self._spawned_at = self.clock.monotonic()
-        try:
-            engine = phase.launch.poll()
-        except ProcessError as error:
-            raise _StepFailed(str(error)) from None
-        if engine is None:
-            phase.detail = phase.launch.detail()
-            return False
-        self.on_step("spawned")
-        self._record(engine, version, spawned=phase.argv)
+        if phase.engine is None:  # once: a retry must not follow (systemd: journalctl -f) it twice
+            try:
+                engine = phase.launch.poll()
+            except ProcessError as error:
+                raise _StepFailed(str(error)) from None
+            if engine is None:
+                phase.detail = phase.launch.detail()
+                return False
+            phase.engine = engine
+            self.on_step("spawned")
+        if self.process is not phase.engine:  # not yet recorded (a retry after a refused write)
+            with self._write("recording the new engine"):
+                self._write_running(phase.engine, version, intent.action_id, "spawned", spawned=phase.argv)
+            self._take(phase.engine)
         return True
 
     def _do_verifying(self, intent: Intent) -> bool:
@@ -708,10 +811,8 @@ class Supervisor:
         result = self._hook("post_start")  # the engine serves again: back into rotation
         if result is None:
             return False
-        if not result.ok:
-            self.state.note_action(
-                intent.action_id, f"post_start hook failed ({result.summary}); it may be out of rotation"
-            )
+        if not result.ok:  # written with the step's end, so that a retry cannot lose it
+            phase.note = f"post_start hook failed ({result.summary}); it may be out of rotation"
         return True
 
     def _do_probation(self, intent: Intent) -> bool:
@@ -744,13 +845,29 @@ class Supervisor:
         return self._do_probation(intent)
 
     # -- endings ----------------------------------------------------------------------------------
-    def _end(self, intent: Intent, outcome: Outcome, reason: str, serving: bool = True) -> SagaResult:
-        """Write the action's outcome, clear the intent, hand the result over. ``serving``: an
-        engine runs afterwards (the recorded version)."""
-        self.state.update_action(intent.action_id, str(outcome), self.clock.now(), reason)
-        self.state.clear_intent(self.spec.name)
+    def _end(
+        self,
+        intent: Intent,
+        outcome: Outcome,
+        reason: str,
+        serving: bool = True,
+        also: Callable[[], None] | None = None,
+    ) -> SagaResult:
+        """Write the action's outcome and clear the intent — with ``also``'s writes, in one
+        transaction: the end of a saga is never half written — then hand the result over.
+        ``serving``: an engine runs afterwards (the recorded version)."""
+        note = self._phase.note if self._phase is not None else None
+        if note is not None:
+            reason = f"{reason}; {note}"
+        with self._write(f"ending the saga ({outcome})"):
+            if also is not None:
+                also()
+            self.state.update_action(intent.action_id, str(outcome), self.clock.now(), reason)
+            self.state.clear_intent(self.spec.name)
         self._busy = False
-        self._phase = None
+        self._ending = None
+        self._startup = None
+        self._drop_phase()
         record = self.state.engine(self.spec.name)
         action = self.state.action(intent.action_id)
         crash = action["evidence"].get("crash") if action is not None else None
@@ -765,25 +882,31 @@ class Supervisor:
 
     def _succeeded(self, intent: Intent) -> SagaResult:
         kind = SagaKind(intent.kind)
-        assert intent.to_version is not None
-        startup, self._startup = self._startup, None
+        version = intent.to_version
+        assert version is not None
+        name, startup = self.spec.name, self._startup
+
+        def promote() -> None:
+            self.state.promote(name, version, startup)
+
         if kind is SagaKind.ROLLBACK:
             return self._end(
                 intent, Outcome.ROLLED_BACK, f"rolled back: {intent.note or 'the restart failed'}"
             )
         if kind is SagaKind.RECOVER:
-            record = self.state.engine(self.spec.name)
+            record = self.state.engine(name)
             if record is not None and record.held:
+                result = self._end(intent, Outcome.SUCCEEDED, "last-known-good restarted (still held)")
                 self.next_restart_at = None
-                return self._end(intent, Outcome.SUCCEEDED, "last-known-good restarted (still held)")
-            pending = self.state.pending_base(self.spec.name)
-            if pending is not None and pending.id == intent.to_version:
-                self.state.promote(self.spec.name, intent.to_version, startup)
-            return self._end(intent, Outcome.SUCCEEDED, self._reason(intent, "started again"))
-        self.state.promote(self.spec.name, intent.to_version, startup)
+                return result
+            pending = self.state.pending_base(name)
+            also = promote if pending is not None and pending.id == version else None
+            return self._end(intent, Outcome.SUCCEEDED, self._reason(intent, "started again"), also=also)
         if kind is SagaKind.FIRST_START:
-            return self._end(intent, Outcome.SUCCEEDED, self._reason(intent, "started"))
-        return self._end(intent, Outcome.SUCCEEDED, self._reason(intent, "passed start-up and probation"))
+            return self._end(intent, Outcome.SUCCEEDED, self._reason(intent, "started"), also=promote)
+        return self._end(
+            intent, Outcome.SUCCEEDED, self._reason(intent, "passed start-up and probation"), also=promote
+        )
 
     def _reason(self, intent: Intent, done: str) -> str:
         """The action's own reason, then what became of it."""
@@ -804,64 +927,93 @@ class Supervisor:
         return result
 
     def _fail(self, intent: Intent, why: str) -> SagaResult | None:
+        """Write how the saga failed (each ending one transaction); what follows from it in
+        memory — a backoff, the callback — only once it is written."""
         kind = SagaKind(intent.kind)
         now = self.clock.now()
-        self._startup = None
+        name = self.spec.name
         if self._phase is not None and self._phase.hook is not None:
             self._phase.hook.kill()
+            self._phase.hook = None
+        failed: list[int] = []  # versions marked failed with the end
+
+        def mark_failed() -> None:
+            for version in failed:
+                self.state.mark_failed(version, now)
+
         if kind is SagaKind.RESTART and intent.to_version is not None:
-            self.state.mark_failed(intent.to_version, now)
-            record = self.state.engine(self.spec.name)
+            failed.append(intent.to_version)
+            record = self.state.engine(name)
             good = record.last_known_good if record and record.last_known_good else intent.from_version
             if good is not None:
-                self.state.retarget_intent(
-                    self.spec.name,
-                    kind=str(SagaKind.ROLLBACK),
-                    step=str(FLOWS[SagaKind.ROLLBACK][0]),
-                    to_version=good,
-                    note=why,
-                    now=now,
-                )
-                self._phase = None
+                with self._write("turning the restart into its rollback"):
+                    mark_failed()
+                    self.state.retarget_intent(
+                        name,
+                        kind=str(SagaKind.ROLLBACK),
+                        step=str(FLOWS[SagaKind.ROLLBACK][0]),
+                        to_version=good,
+                        note=why,
+                        now=now,
+                    )
+                self._startup = None
+                self._ending = None
+                self._drop_phase()
                 self.on_step(f"rolling back: {why}")
                 return None
         if kind is SagaKind.ROLLBACK:
-            self.state.set_flags(self.spec.name, held=True)
-            return self._end(
-                intent, Outcome.FAILED, f"{intent.note}; and last-known-good failed too: {why}", serving=False
-            )
-        if kind is SagaKind.FIRST_START and intent.to_version is not None:
-            self.state.mark_failed(intent.to_version, now)
-            return self._end(intent, Outcome.FAILED, f"first start failed: {why}", serving=False)
-        record = self.state.engine(self.spec.name)
-        if record is not None and record.held:  # last-known-good of a held engine: back off
-            self._held_attempts += 1
-            self.next_restart_at = now + backoff_seconds(self._held_attempts, self.guards)
             return self._end(
                 intent,
                 Outcome.FAILED,
-                f"last-known-good failed to start ({why}); next try at {self.next_restart_at:.0f}",
+                f"{intent.note}; and last-known-good failed too: {why}",
                 serving=False,
+                also=lambda: self.state.set_flags(name, held=True),
             )
-        pending = self.state.pending_base(self.spec.name)
+        if kind is SagaKind.FIRST_START and intent.to_version is not None:
+            failed.append(intent.to_version)
+            return self._end(
+                intent, Outcome.FAILED, f"first start failed: {why}", serving=False, also=mark_failed
+            )
+        record = self.state.engine(name)
+        if record is not None and record.held:  # last-known-good of a held engine: back off
+            attempts = self._held_attempts + 1
+            next_at = now + backoff_seconds(attempts, self.guards)
+            result = self._end(
+                intent,
+                Outcome.FAILED,
+                f"last-known-good failed to start ({why}); next try at {next_at:.0f}",
+                serving=False,
+                also=mark_failed,
+            )
+            self._held_attempts, self.next_restart_at = attempts, next_at
+            return result
+        pending = self.state.pending_base(name)
         if pending is not None and pending.id == intent.to_version:
-            self.state.mark_failed(pending.id, now)
+            failed.append(pending.id)
         return self._end(
-            intent, Outcome.FAILED, self._reason(intent, f"the start failed: {why}"), serving=False
+            intent,
+            Outcome.FAILED,
+            self._reason(intent, f"the start failed: {why}"),
+            serving=False,
+            also=mark_failed,
         )
 
     # -- the pieces ----------------------------------------------------------------------------
-    def _record(self, process: Engine, version: int, spawned: Sequence[str] | None = None) -> None:
-        """``process`` runs ``version`` now; ``spawned``: the argv tunerd gave exec (None for
-        an engine tunerd found rather than started)."""
-        if self.process is not None and self.process is not process:
-            self.process.close()
-        self.process = process
-        self._crash = None
-        self._settle = None
-        self._down = None
+    def _write_running(
+        self,
+        process: Engine,
+        version: int,
+        action: int | None,
+        how: str,
+        spawned: Sequence[str] | None = None,
+    ) -> None:
+        """Record that ``process`` runs ``version`` now — a new generation of the engine — and,
+        for a start made for ``action``, the start in that action's history record (so every
+        start is in history: a rollback's, a resumed one's). In the caller's transaction;
+        :meth:`_take` once it is written. ``spawned``: the argv tunerd gave exec (None for an
+        engine tunerd found rather than started); ``how``: how it came to run."""
         identity = process.identity
-        self.state.set_running(
+        generation = self.state.set_running(
             self.spec.name,
             version,
             pid=identity.pid,
@@ -869,6 +1021,18 @@ class Supervisor:
             argv=list(identity.argv),
             spawned_argv=None if spawned is None else list(spawned),
         )
+        if action is not None:
+            start = {"generation": generation, "pid": identity.pid, "version": version, "how": how}
+            self.state.add_start(action, {**start, "at": self.clock.now()})
+
+    def _take(self, process: Engine) -> None:
+        """``process`` is the engine now (its record written)."""
+        if self.process is not None and self.process is not process:
+            self.process.close()
+        self.process = process
+        self._crash = None
+        self._settle = None
+        self._down = None
 
     def _timeout(self, version: int) -> float:
         measured = self.state.version(version).startup_seconds
@@ -973,31 +1137,38 @@ class Supervisor:
         running = self.state.version(record.running).settings
         theirs = settings_from_argv(engine.identity.argv)
         how = f"pid {old.pid} → {engine.pid}"
-        if theirs == _set(running):
-            self.state.record_action(
-                engine=self.spec.name,
-                kind="adopt",
-                mode=self.mode,
-                outcome="succeeded",
-                reason=f"restarted by a person through its manager ({how}): not a crash; the same settings",
-                now=now,
-                from_settings=running,
-                to_settings=running,
-                evidence={
-                    "asked_by": "the engine's manager (systemctl restart)",
-                    "argv": list(engine.identity.argv),
-                },
+        if theirs != _set(running):
+            changed = ", ".join(changes(running, theirs))
+            why = (
+                f"the engine was restarted by a person with other flags ({how}; {changed}): "
+                "adopted as the new base"
             )
-            self._record(engine, record.running)
-            self.on_step(f"restarted by a person ({how})")
+            self._adopt_persons(engine, running, theirs, why, "the engine's manager (systemctl restart)")
+            self.on_step(f"restarted by a person with other flags ({how})")
             return
-        changed = ", ".join(changes(running, theirs))
-        why = (
-            f"the engine was restarted by a person with other flags ({how}; {changed}): "
-            "adopted as the new base"
-        )
-        self._adopt_persons(engine, running, theirs, why, "the engine's manager (systemctl restart)")
-        self.on_step(f"restarted by a person with other flags ({how})")
+        try:
+            with self._write("recording a restart by a person"):
+                action = self.state.record_action(
+                    engine=self.spec.name,
+                    kind="adopt",
+                    mode=self.mode,
+                    outcome="succeeded",
+                    reason=f"restarted by a person through its manager ({how}): not a crash; "
+                    "the same settings",
+                    now=now,
+                    from_settings=running,
+                    to_settings=running,
+                    evidence={
+                        "asked_by": "the engine's manager (systemctl restart)",
+                        "argv": list(engine.identity.argv),
+                    },
+                )
+                self._write_running(engine, record.running, action, "restarted by a person")
+        except StateError:
+            engine.close()  # the next look finds it again (systemd mode: one journal copy at a time)
+            raise
+        self._take(engine)
+        self.on_step(f"restarted by a person ({how})")
 
     def _adopt_persons(
         self, engine: Engine, before: Mapping[str, Any], theirs: Mapping[str, Any], why: str, asked_by: str
@@ -1006,23 +1177,29 @@ class Supervisor:
         ``source: adopt`` version, last-known-good — it serves), tuning pauses, and
         :attr:`adopted_by_hand` says why for the alert."""
         now = self.clock.now()
-        version = self.state.add_version(self.spec.name, theirs, "adopt", now)
-        self.state.record_action(
-            engine=self.spec.name,
-            kind="adopt",
-            mode=self.mode,
-            outcome="succeeded",
-            reason=why,
-            now=now,
-            from_settings=before,
-            to_settings=theirs,
-            evidence={"asked_by": asked_by, "argv": list(engine.identity.argv)},
-        )
-        self._record(engine, version)
-        self.state.promote(self.spec.name, version)
-        self.state.set_flags(
-            self.spec.name, paused=f"{why}; tuning paused until `tunerd resume {self.spec.name}`"
-        )
+        try:
+            with self._write("adopting a person's engine"):
+                version = self.state.add_version(self.spec.name, theirs, "adopt", now)
+                action = self.state.record_action(
+                    engine=self.spec.name,
+                    kind="adopt",
+                    mode=self.mode,
+                    outcome="succeeded",
+                    reason=why,
+                    now=now,
+                    from_settings=before,
+                    to_settings=theirs,
+                    evidence={"asked_by": asked_by, "argv": list(engine.identity.argv)},
+                )
+                self._write_running(engine, version, action, f"started by a person ({asked_by})")
+                self.state.promote(self.spec.name, version)
+                self.state.set_flags(
+                    self.spec.name, paused=f"{why}; tuning paused until `tunerd resume {self.spec.name}`"
+                )
+        except StateError:
+            engine.close()  # found again at the next look
+            raise
+        self._take(engine)
         self.adopted_by_hand = why
 
     def check(
@@ -1077,28 +1254,30 @@ class Supervisor:
             return CrashHandled(CrashResponse.TUNING, f"restarting with tuned settings after {crash['kind']}")
         if loop or spent or record.held:
             why = "crash loop" if loop else ("restart budget spent" if spent else "engine is held")
-            self.state.record_action(
-                engine=self.spec.name,
-                kind="restart",
-                mode=self.mode,
-                outcome="skipped",
-                reason=f"{crashed_because}; {why}: holding, last-known-good restarts with backoff",
-                now=now,
-                from_settings=crashed,
-                to_settings=crashed,
-                evidence={"crash": crash, "log_lines": tail},
-            )
-            if not record.held:
-                self.state.set_flags(self.spec.name, held=True)
+            with self._write("holding a crashed engine"):
                 self.state.record_action(
                     engine=self.spec.name,
-                    kind="hold",
+                    kind="restart",
                     mode=self.mode,
-                    outcome="succeeded",
-                    reason=f"{why} after {crash['kind']}: tuning stopped, a person is paged",
+                    outcome="skipped",
+                    reason=f"{crashed_because}; {why}: holding, last-known-good restarts with backoff",
                     now=now,
-                    evidence={"crash": crash},
+                    from_settings=crashed,
+                    to_settings=crashed,
+                    evidence={"crash": crash, "log_lines": tail},
                 )
+                if not record.held:
+                    self.state.set_flags(self.spec.name, held=True)
+                    self.state.record_action(
+                        engine=self.spec.name,
+                        kind="hold",
+                        mode=self.mode,
+                        outcome="succeeded",
+                        reason=f"{why} after {crash['kind']}: tuning stopped, a person is paged",
+                        now=now,
+                        evidence={"crash": crash},
+                    )
+            if not record.held:
                 self.on_held(f"{why} after {crash['kind']} ({crash['message']}): tuning stopped")
             self._held_attempts += 1
             self.next_restart_at = now + backoff_seconds(self._held_attempts, self.guards)
@@ -1121,16 +1300,22 @@ class Supervisor:
     # -- after tunerd starts ------------------------------------------------------------------------
     def reconcile(self) -> Reconciled:
         """Make reality and state agree after tunerd (re)starts: resume the saga in flight,
-        adopt the engine that serves, or begin a start. Nothing here waits."""
+        adopt the engine that serves, or begin a start. Nothing here waits. A restart left
+        ``applied`` with no intent to carry it (an older tunerd wrote the two apart and was
+        killed between them) is ended: it never began. When the state refuses a write
+        (:class:`~tunerd.state.StateError`) nothing is half done: reconcile again later."""
         intent = self.state.intent(self.spec.name)
+        self._end_orphans(intent)
         if intent is not None and intent.to_version is not None:
             return self._resume(intent)
         record = self.state.engine(self.spec.name)
         if record is None or record.running is None:
             return Reconciled("no_engine", "no engine recorded")
-        self.process = self._adopt_recorded()
-        if self.process is not None:
-            return Reconciled("adopted", f"adopted pid {self.process.pid}")
+        adopted = self._adopt_recorded()
+        if adopted is not None:
+            self._take(adopted)
+            return Reconciled("adopted", f"adopted pid {adopted.pid}")
+        self._let_go()
         by_hand = self._adopt_by_hand()
         if by_hand is not None:
             return by_hand
@@ -1142,6 +1327,26 @@ class Supervisor:
             return Reconciled("recovering", "engine was down; starting it with the settings a person wrote")
         self._begin_recover(record.running, "the engine was down when tunerd started")
         return Reconciled("recovering", "engine was down; starting it with its recorded settings")
+
+    def _end_orphans(self, intent: Intent | None) -> None:
+        """Restarts still ``applied`` that no intent carries: ended as skipped (they never
+        began, and must not count against the restart budget for good)."""
+        keep = intent.action_id if intent is not None else None
+        orphans = [action for action in self.state.unfinished_actions(self.spec.name) if action != keep]
+        if not orphans:
+            return
+        now = self.clock.now()
+        with self._write("ending restarts left without an intent"):
+            for action in orphans:
+                record = self.state.action(action)
+                said = record["reason"] if record else ""
+                why = "never begun: the tunerd that recorded it stopped before writing its intent (no intent)"
+                self.state.update_action(action, "skipped", now, f"{said}; {why}" if said else why)
+
+    def _let_go(self) -> None:
+        if self.process is not None:
+            self.process.close()
+        self.process = None
 
     def _adopt_by_hand(self) -> Reconciled | None:
         """tunerd's engine is gone and another process listens on its port: a person started
@@ -1160,7 +1365,13 @@ class Supervisor:
         same_command = record.argv is None or without_tunables(identity.argv) == without_tunables(record.argv)
         if same_command and theirs == _set(before):
             # the recorded settings and command (both as /proc shows them): ours, under a new PID
-            self._record(process, record.running)
+            try:
+                with self._write("adopting the engine under a new pid"):
+                    self._write_running(process, record.running, None, "by hand")
+            except StateError:
+                process.close()
+                raise
+            self._take(process)
             return Reconciled("adopted", f"adopted pid {identity.pid} (the recorded settings)")
         changed = ", ".join(changes(before, theirs))
         why = (
@@ -1171,48 +1382,77 @@ class Supervisor:
         return Reconciled("by_hand", f"adopted pid {identity.pid}, started by a person")
 
     def _resume(self, intent: Intent) -> Reconciled:
-        """An intent a killed tunerd left: set up for its step; the loop advances it."""
+        """An intent a killed tunerd left: set up for its step; the loop advances it. What is
+        found — a new engine the killed tunerd spawned and did not record, the step to go on
+        from — is written in one transaction (killed again meanwhile, the next tunerd finds the
+        intent as it was, and the new engine by its argv again)."""
         assert intent.to_version is not None
+        name, now = self.spec.name, self.clock.now()
         step = Step(intent.step)
         kind = SagaKind(intent.kind)
+        process: Engine | None = None  # the engine to watch from here (recorded already)
+        found: Engine | None = None  # a new engine the killed tunerd spawned but did not record
+        spawned: list[str] | None = None
         if step is Step.INTENT:
-            self.process = self._adopt_recorded()
-            if self.process is not None:
-                self.state.update_action(
-                    intent.action_id, "skipped", self.clock.now(), "tunerd stopped before the restart began"
-                )
-                self.state.clear_intent(self.spec.name)
+            process = self._adopt_recorded()
+            if process is not None:
+                with self._write("cancelling a restart that had not begun"):
+                    self.state.update_action(
+                        intent.action_id, "skipped", now, "tunerd stopped before the restart began"
+                    )
+                    self.state.clear_intent(name)
+                self._take(process)
                 self._busy = False
+                self._drop_phase()
                 return Reconciled("cancelled", "cancelled a restart that had not begun")
             step = Step.STARTING  # the old engine is gone anyway: bring up the new settings
         elif step is Step.STARTING:
             spawned = self.spec.argv(self.state.version(intent.to_version).settings)
-            record = self.state.engine(self.spec.name)
+            record = self.state.engine(name)
             recorded_new = record is not None and record.running == intent.to_version
-            found = self.runner.find_new(spawned)
-            if found is None and recorded_new:
-                found = self._adopt_recorded()  # spawned and recorded: only the step was not advanced
-            if found is not None:
-                if recorded_new and record is not None and record.pid == found.pid:
-                    self.process = found
+            candidate = self.runner.find_new(spawned)
+            if candidate is None and recorded_new:
+                candidate = self._adopt_recorded()  # spawned and recorded: only the step was not advanced
+            if candidate is not None:
+                if recorded_new and record is not None and record.pid == candidate.pid:
+                    process = candidate
                 else:
-                    self._record(found, intent.to_version, spawned=spawned)
+                    found = candidate
                 step = Step.VERIFYING
             elif not recorded_new and Step.STOPPING in FLOWS[kind] and (old := self._adopt_recorded()):
-                self.process = old  # the stop had not finished: finish it first
+                process = old  # the stop had not finished: finish it first
                 step = Step.STOPPING
         elif step is Step.STOPPING:
-            self.process = self._adopt_recorded()
+            process = self._adopt_recorded()
         else:  # verifying, probation: the recorded engine is the new one, if it lives
-            record = self.state.engine(self.spec.name)
-            self.process = self._adopt_recorded() if record and record.running == intent.to_version else None
-            if self.process is None:
+            record = self.state.engine(name)
+            process = self._adopt_recorded() if record and record.running == intent.to_version else None
+            if process is None:
+                self._let_go()
                 failed = self._failed(intent, "the new engine died while tunerd was down")
                 if failed is not None:
                     text = f"an interrupted {intent.kind} ended: {failed.outcome}"
                     return Reconciled("resumed", text, result=failed)
                 return Reconciled("resumed", f"rolling back an interrupted {intent.kind}")
-        if str(step) != intent.step:
-            self.state.advance_intent(self.spec.name, str(step), self.clock.now())
-        self._phase = None
+        moved = str(step) != intent.step
+        if found is not None or moved:
+            try:
+                with self._write(f"resuming an interrupted {intent.kind}"):
+                    if found is not None:
+                        how = "spawned by the tunerd before, found by its argv"
+                        self._write_running(found, intent.to_version, intent.action_id, how, spawned=spawned)
+                    if moved:
+                        self.state.advance_intent(name, str(step), now)
+            except StateError:
+                for engine in (found, process):
+                    if engine is not None:
+                        engine.close()
+                raise
+        watched = found if found is not None else process
+        if watched is not None:
+            self._take(watched)
+        else:
+            self._let_go()
+        self._drop_phase()
+        self.on_step(f"resumed at {step}")
         return Reconciled("resumed", f"resuming an interrupted {intent.kind} from '{intent.step}'")

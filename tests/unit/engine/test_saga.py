@@ -5,7 +5,8 @@ processes are tests/integration/test_saga.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sqlite3
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from tests.fakes.engines import OOM, FakeBox, settings_key
 from tunerd.engine.guards import GuardConfig
 from tunerd.engine.saga import FLOWS, EngineSpec, Supervisor
 from tunerd.outcomes import CrashResponse, Outcome, SagaKind, SagaResult, Step
-from tunerd.state import State
+from tunerd.state import State, StateUnwritable
 
 SEED = {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8}
 FEWER = {**SEED, "max_num_seqs": 6}
@@ -30,10 +31,30 @@ def box(tmp_path: Path) -> FakeBox:
     return FakeBox(tmp_path / "engines" / "main.log")
 
 
+FINAL = ("succeeded", "failed", "rolled_back", "skipped")
+
+
+def assert_every_start_is_accounted_for(state: State, engine: str = "main") -> None:
+    """Every start of the engine (its generation counts them) is in the history record of
+    the action it was made for, and that action has a final outcome — unless its saga is
+    still in flight; no restart is left ``applied`` without one."""
+    in_flight = {intent.action_id for intent in state.intents() if intent.engine == engine}
+    starts = 0
+    for action in state.history(engine, limit=10**6):
+        if action["kind"] == "notify":
+            continue
+        starts += len(action["evidence"].get("starts", []))
+        if action["id"] not in in_flight and action["outcome"] != "proposed":
+            assert action["outcome"] in FINAL, action
+    record = state.engine(engine)
+    assert starts == (record.generation if record else 0), state.history(engine)
+
+
 @pytest.fixture
 def state(tmp_path: Path) -> Iterator[State]:
     opened = State.open(tmp_path / "state")
     yield opened
+    assert_every_start_is_accounted_for(opened)  # after every test of the saga
     opened.close()
 
 
@@ -457,3 +478,243 @@ def test_an_unexpected_error_in_a_step_fails_the_step_not_the_loop(box: FakeBox,
     assert result.kind is SagaKind.ROLLBACK
     assert result.outcome is Outcome.FAILED
     assert "starting failed: RuntimeError: the runner broke" in result.reason
+
+
+# -- a state that refuses writes, tunerd killed between them (issue 16) ----------------------------
+
+TABLES = ("versions", "engines", "actions", "intents")
+
+
+class FullDisk:
+    """The state's database made genuinely full: it may not grow (SQLite's own
+    ``max_page_count``), its free pages are taken, and each write to tunerd's tables needs a
+    fresh page (a temp trigger stores a page-sized row beside it) — so the very next write the
+    saga makes gets SQLite's real SQLITE_FULL, whichever it is. :meth:`free` makes room."""
+
+    def __init__(self, state: State, tables: tuple[str, ...] = TABLES, blob: int = 4000) -> None:
+        self.db = state._db
+        self.tables = tables
+        self.blob = blob
+        self.full = False
+        self.db.execute("CREATE TABLE IF NOT EXISTS test_filler (x BLOB)")
+
+    def fill(self, spare_pages: int = 0) -> None:
+        for table in self.tables:
+            for op in ("INSERT", "UPDATE", "DELETE"):
+                self.db.execute(
+                    f"CREATE TEMP TRIGGER IF NOT EXISTS test_full_{table}_{op} BEFORE {op} ON main.{table} "
+                    f"BEGIN INSERT INTO test_filler VALUES (zeroblob({self.blob})); END"
+                )
+        pages = self.db.execute("PRAGMA page_count").fetchone()[0]
+        self.db.execute(f"PRAGMA max_page_count = {pages}")
+        while True:
+            try:
+                self.db.execute("INSERT INTO test_filler VALUES (zeroblob(256))")
+            except sqlite3.OperationalError as error:
+                if "full" not in str(error):
+                    raise
+                break
+        if spare_pages:
+            pages = self.db.execute("PRAGMA page_count").fetchone()[0]
+            self.db.execute(f"PRAGMA max_page_count = {pages + spare_pages}")
+        self.full = True
+
+    def free(self) -> None:
+        for table in self.tables:
+            for op in ("INSERT", "UPDATE", "DELETE"):
+                self.db.execute(f"DROP TRIGGER IF EXISTS temp.test_full_{table}_{op}")
+        self.db.execute("PRAGMA max_page_count = 1073741823")
+        self.full = False
+
+
+def _look(supervisor: Supervisor) -> object:
+    """One look of the daemon's loop at the engine: the saga in flight advances, else a dead
+    engine is checked. A write the state refused at the check is the tick's: it is tried
+    again at the next one (the daemon's part, tested in tests/integration/test_faults.py)."""
+    if supervisor.in_flight():
+        return supervisor.advance()
+    try:
+        return supervisor.check()
+    except StateUnwritable as refused:
+        return refused
+
+
+def _serving_what_the_state_says(box: FakeBox, state: State, supervisor: Supervisor) -> None:
+    [engine] = box.live()
+    record = state.engine("main")
+    assert record is not None
+    assert (record.pid, record.pid_start) == (engine.pid, engine.identity.start_ticks)
+    assert engine.settings == supervisor.running_settings()
+    assert state.intents() == []
+
+
+def _events(scenario: Callable[[FakeBox, State, Supervisor], None], path: Path) -> list[str]:
+    """The steps ``scenario`` says (on_step), in order, on a state with room."""
+    box, state = FakeBox(path / "engines" / "main.log"), State.open(path / "state")
+    said: list[str] = []
+    supervisor = _started(box, state)
+    supervisor.on_step = said.append
+    scenario(box, state, supervisor)
+    for _ in range(200):
+        if _look(supervisor) is not None and not supervisor.in_flight():
+            break
+        box.clock.advance(1)
+    state.close()
+    return said
+
+
+def _crash(box: FakeBox, state: State, supervisor: Supervisor) -> None:
+    box.engines[supervisor.process.pid].exit_code = 1  # type: ignore[union-attr]
+    box.log_path.open("a").write(OOM + "\n")
+
+
+def _doomed_restart(box: FakeBox, state: State, supervisor: Supervisor) -> None:
+    doomed = {**SEED, "max_model_len": 131072}
+    box.fails[settings_key(doomed)] = TOO_LONG
+    assert supervisor.begin_restart(doomed, reason="test") is None
+
+
+@pytest.mark.parametrize(
+    ("scenario", "kind"), [(_crash, SagaKind.RECOVER), (_doomed_restart, SagaKind.ROLLBACK)]
+)
+def test_a_disk_full_at_each_write_of_a_saga_leaves_it_stuck_then_it_goes_on_by_itself(
+    tmp_path: Path, scenario: Callable[[FakeBox, State, Supervisor], None], kind: SagaKind
+) -> None:
+    """The disk fills at each point of a crash restart and of a rollback — before it begins,
+    after each step is written, right after the spawn — so each of its writes is refused in
+    turn (SQLite's real SQLITE_FULL). Before the fix the refusal escaped advance() (the
+    daemon's job failed at each look) or left the connection inside a transaction; now the
+    step is *stuck*: advance() returns, the progress says why, it is tried again with backoff,
+    and once there is room it goes on by itself: the engine serves what the state records and
+    every action has its final outcome."""
+    events = _events(scenario, tmp_path / "dry")
+    assert len(events) >= 4, events
+    for point in range(len(events) + 1):  # 0: before the saga begins
+        where = tmp_path / f"at-{point}"
+        box, state = FakeBox(where / "engines" / "main.log"), State.open(where / "state")
+        supervisor = _started(box, state)
+        disk = FullDisk(state)
+        said: list[str] = []
+
+        def on_step(step: str, said: list[str] = said, disk: FullDisk = disk, point: int = point) -> None:
+            said.append(step)
+            if len(said) == point:
+                disk.fill()
+
+        supervisor.on_step = on_step
+        if point == 0:
+            disk.fill()
+        refused = []
+        begun = False
+        for _ in range(40):  # 40 s full: every look returns, none raises
+            if not begun:  # a restart the state refused to begin is asked again (the tick's plan)
+                try:
+                    scenario(box, state, supervisor)
+                    begun = True
+                except StateUnwritable as error:
+                    refused.append(str(error))
+            seen = _look(supervisor)
+            if isinstance(seen, StateUnwritable):
+                refused.append(str(seen))
+            if supervisor.trouble is not None:
+                trouble = supervisor.trouble
+                refused.append(trouble.error)
+                assert trouble.unwritable
+                progress = supervisor.progress()
+                assert progress is not None
+                assert "database or disk is full" in progress.detail
+            box.clock.advance(1)
+        assert disk.full, (point, said)
+        assert refused, f"nothing was refused when full after {said}"
+        assert all("database or disk is full" in text for text in refused)
+        if supervisor.trouble is not None:
+            assert supervisor.trouble.attempts < 15  # backed off: not a try at each look
+        disk.free()
+        if not begun:
+            scenario(box, state, supervisor)
+        ended = None
+        for _ in range(300):
+            seen = _look(supervisor)
+            if isinstance(seen, SagaResult) and seen.kind is kind:
+                ended = seen
+            if ended is not None and not supervisor.in_flight():
+                break
+            box.clock.advance(1)
+        assert ended is not None, (point, said, supervisor.progress())
+        assert supervisor.trouble is None
+        _serving_what_the_state_says(box, state, supervisor)
+        assert_every_start_is_accounted_for(state)
+        state.close()
+
+
+def test_a_crash_restart_is_recorded_with_its_intent_or_not_at_all(box: FakeBox, state: State) -> None:
+    """check() recorded the crash restart's action, then wrote its intent apart: tunerd
+    stopping between the two (kill -9; here SQLite refusing the intent for want of room) left
+    an `applied` action no tunerd would ever end — counted against the restart budget for
+    good. Now the two are one write: the next tunerd finds either both or neither."""
+    supervisor = _started(box, state, max_restarts=10)
+    _crash(box, state, supervisor)
+    disk = FullDisk(state, tables=("intents",), blob=200_000)  # the intent needs 50 pages…
+    disk.fill(spare_pages=8)  # … the action a few
+    with pytest.raises((StateUnwritable, sqlite3.OperationalError)):
+        supervisor.check()
+    disk.free()
+    following = _supervisor(box, state, max_restarts=10)  # tunerd is gone; the next one
+    following.reconcile()
+    result = _drive(following)
+    assert (result.kind, result.outcome) == (SagaKind.RECOVER, Outcome.SUCCEEDED)
+    assert [(h["kind"], h["outcome"]) for h in state.history()] == [
+        ("restart", "succeeded"),
+        ("restart", "succeeded"),
+    ]
+    assert len(state.restart_times("main", 0)) == 2  # the first start and this one
+
+
+def test_the_next_tunerd_ends_a_restart_an_older_tunerd_left_applied_without_an_intent(
+    box: FakeBox, state: State
+) -> None:
+    supervisor = _started(box, state)
+    orphan = state.record_action(
+        engine="main",
+        kind="restart",
+        mode="act",
+        outcome="applied",
+        reason="engine crashed",
+        now=box.clock.now(),
+    )
+    assert _supervisor(box, state).reconcile().what == "adopted"
+    record = state.action(orphan)
+    assert record is not None
+    assert record["outcome"] == "skipped"
+    assert "no intent" in record["reason"]
+    assert len(state.restart_times("main", 0)) == 1  # it no longer counts against the budget
+    assert supervisor.running_settings() == SEED
+
+
+def test_every_start_is_in_the_history_record_of_its_action_when_the_next_tunerd_makes_it(
+    box: FakeBox, state: State
+) -> None:
+    """A rollback killed at `starting`: the next tunerd starts last-known-good. Each start —
+    the first, the doomed settings', the rollback's that the next tunerd made — is in the
+    history record of its action; before, the generation counted 3 starts and history
+    said nothing of two."""
+    supervisor = _started(box, state)
+    supervisor.room = lambda settings: "GPU 0: 1 GiB free" if settings == SEED else None  # the rollback waits
+    _doomed_restart(box, state, supervisor)
+    for _ in range(50):
+        progress = supervisor.progress()
+        assert progress is not None
+        if progress.kind is SagaKind.ROLLBACK and progress.step is Step.STARTING:
+            break
+        supervisor.advance()
+        box.clock.advance(1)
+    following = _supervisor(box, state)
+    assert following.reconcile().what == "resumed"
+    result = _drive(following)
+    assert (result.kind, result.outcome) == (SagaKind.ROLLBACK, Outcome.ROLLED_BACK)
+    tune = state.history()[0]
+    starts = tune["evidence"]["starts"]
+    assert [start["generation"] for start in starts] == [2, 3]
+    assert [start["how"] for start in starts] == ["spawned", "spawned"]
+    assert starts[-1]["pid"] == following.process.pid  # type: ignore[union-attr]
+    assert state.engine("main").generation == 3  # type: ignore[union-attr]
