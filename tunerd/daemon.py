@@ -35,7 +35,7 @@ from typing import Any
 
 from tunerd import logs
 from tunerd.acting import Actor, EngineLoop
-from tunerd.alerting import Did, Outgoing
+from tunerd.alerting import Did, Outgoing, engine_alert
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, ConfigError, EngineConfig, load_config, notify_targets, rate_of
 from tunerd.diagnosis import LogDiagnosis
@@ -45,10 +45,11 @@ from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
 from tunerd.gpu import GpuReading
+from tunerd.notify.alert import Alert
 from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
 from tunerd.outcomes import Mode, Progress
-from tunerd.policy.engine import EngineContext, PolicyState, evaluate, matures_at, new_states
+from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
 from tunerd.scheduler import LOGS, LOOP, Jobs
@@ -59,7 +60,7 @@ from tunerd.sources.gpu import GpuSource
 from tunerd.sources.select import gpu_source
 from tunerd.sources.sim_clock import SimulatorClock
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse
-from tunerd.state import HostLock, State, StateError
+from tunerd.state import HostLock, State, StateError, StateTrouble
 from tunerd.status import engine_state, engine_status, status_document
 from tunerd.status_server import StatusServer
 from tunerd.store import Event, Store, retention_capacity
@@ -139,6 +140,11 @@ class Daemon:
         self._serving = False
         self.metrics_view: MetricsView | None = None  # what tunerd's own /metrics reports
         self.scrape_errors: dict[str, int] = {}
+        #: writes the state refused (a full disk…) per (job, engine), tried again — a tick's at
+        #: the next tick, a reconcile's with backoff; a saga's own are its supervisor's trouble
+        self.state_troubles: dict[tuple[str, str], StateTrouble] = {}
+        self._trouble_alert: Alert | None = None  # the state-unwritable alert in force
+        self._hold_due: dict[str, ActionPlan] = {}  # a plan's hold the state refused to record
         self.exporter: Exporter | None = None
         self.reload_requested = threading.Event()  # SIGHUP sets it; the loop reloads between ticks
         self.host = socket.gethostname()
@@ -292,11 +298,19 @@ class Daemon:
         GPU is restarting."""
         if not loop.supervisor.in_flight() and self.actor.gpu_busy(loop) is not None:
             return  # the sagas job reconciles it once the GPU's other restart has ended
-        done = loop.supervisor.reconcile()
+        trouble = self.state_troubles.get(("reconcile", loop.name))
+        if trouble is not None and not trouble.due(self.clock.monotonic()):
+            return  # the state refused the last try: the next comes after a backoff
+        try:
+            done = loop.supervisor.reconcile()
+            if done.what == "no_engine":
+                loop.supervisor.begin_first_start(loop.config.settings)
+                done = type(done)("starting", "first start under tunerd")
+        except StateError as error:  # not reconciled until its writes go through
+            self._state_refused("reconcile", loop.name, error)
+            return
+        self.state_troubles.pop(("reconcile", loop.name), None)
         loop.reconciled = True
-        if done.what == "no_engine":
-            loop.supervisor.begin_first_start(loop.config.settings)
-            done = type(done)("starting", "first start under tunerd")
         self.say("engine_reconciled", engine=loop.name, outcome=done.text)
         if done.result is not None:
             self.actor.finished(loop, done.result)  # an interrupted saga ended here: alerts
@@ -305,9 +319,16 @@ class Daemon:
         elif done.what != "starting":
             loop.people_due = True  # once no restart runs: did a person change the config?
         if loop.people_due and not loop.supervisor.in_flight():
-            loop.people_due = False
-            self.actor.people_win(loop)
+            self._people_win(loop)
         self.publish()
+
+    def _people_win(self, loop: EngineLoop) -> None:
+        loop.people_due = False
+        try:
+            self.actor.people_win(loop)
+        except StateError:
+            loop.people_due = True  # a write the state refused: looked at again next tick
+            raise
 
     def run(self, stop: threading.Event | None = None, ticks: int | None = None) -> None:
         """Schedule the loop's jobs and wait until ``stop`` (or ``ticks`` ticks, or
@@ -342,6 +363,8 @@ class Daemon:
         except Exception:
             self._tick_failures += 1
             raise  # the scheduler hands it to _job_failed, which logs it
+        finally:
+            self._state_health()
         self._tick_failures = 0
         self._tick_when_due()
         self._schedule_sagas()  # a restart this tick began needs the job
@@ -357,6 +380,7 @@ class Daemon:
         for loop in self.engines:
             self._each(loop, "sagas", self._saga_of)
         self._schedule_sagas()
+        self._state_health()
 
     def _schedule_sagas(self) -> None:
         """The sagas job runs while there is something for it — a saga in flight, an engine
@@ -368,6 +392,8 @@ class Daemon:
             self.jobs.every("sagas", SAGA_S, self.advance_sagas, LOOP, now=False)
         elif not due and self.jobs.has("sagas"):
             self.jobs.remove("sagas")
+            for key in [key for key in self.state_troubles if key[0] == "sagas"]:
+                del self.state_troubles[key]  # the job has stopped: nothing of it is tried again
 
     def _saga_of(self, loop: EngineLoop) -> None:
         if not loop.reconciled:
@@ -476,9 +502,16 @@ class Daemon:
                     budget_left=budget_left,
                     last_actions=self.state.history(engine=loop.name, limit=5),
                     restart=progress,
+                    stuck=None
+                    if supervisor.trouble is None
+                    else supervisor.trouble.to_dict(now, self.clock.monotonic()),
                 )
             )
-        return status_document(mode=self.mode, now=now, gpus=gpus, engines=engines)
+        monotonic = self.clock.monotonic()
+        troubles = [
+            {"engine": engine, **trouble.to_dict(now, monotonic)} for engine, trouble in self.troubles()
+        ]
+        return status_document(mode=self.mode, now=now, gpus=gpus, engines=engines, state_trouble=troubles)
 
     def _startup_figures(self, loop: EngineLoop) -> LogDiagnosis | None:
         """The running engine's start-up figures (weights, KV pool) from its log, read once per
@@ -608,6 +641,8 @@ class Daemon:
             )
             state = self._engine_state(loop, loop.supervisor.progress())
             parts.append(f"{loop.name} {state}" + (f" ({shown})" if shown else ""))
+        if troubles := self.troubles():
+            parts.append(f"the state refuses writes: {troubles[0][1].error}")
         return f"{self.config.mode}: " + "; ".join(parts)
 
     def _engine_died(self) -> bool:
@@ -666,13 +701,70 @@ class Daemon:
 
     def _each(self, loop: EngineLoop, job: str, work: Callable[[EngineLoop], object]) -> bool:
         """One engine's part of a job: its failure is said and does not keep the other engines'
-        parts from running. False when it failed."""
+        parts from running. False when it failed. A write the state refused (a full disk) is
+        not a failure of the job: it is recorded (:meth:`_state_refused`) and tried again, and
+        the loop goes on — ticking, answering ``tunerd status``, feeding the watchdog."""
         try:
             work(loop)
+        except StateError as error:
+            self._state_refused(job, loop.name, error)
+            return True
         except Exception as error:
             self.say("engine_job_failed", engine=loop.name, job=job, error=f"{type(error).__name__}: {error}")
             return False
+        self.state_troubles.pop((job, loop.name), None)  # it went through
         return True
+
+    def _state_refused(self, job: str, engine: str, error: StateError) -> None:
+        """The state refused a write of ``job`` for ``engine``: kept until one goes through;
+        said when it begins and when its reason changes, not at each try."""
+        key = (job, engine)
+        trouble = self.state_troubles.get(key)
+        if trouble is None:
+            self.state_troubles[key] = StateTrouble.first(
+                job, error, self.clock.now(), self.clock.monotonic()
+            )
+            self.say("state_refused", engine=engine, job=job, error=str(error))
+            return
+        said = trouble.error
+        trouble.again(job, error, self.clock.monotonic())
+        if trouble.error != said:
+            self.say("state_refused", engine=engine, job=job, error=str(error), tries=trouble.attempts)
+
+    def troubles(self) -> list[tuple[str, StateTrouble]]:
+        """(engine, trouble) for each write the state refuses now: the sagas' and the jobs'."""
+        found = [(loop.name, loop.supervisor.trouble) for loop in self.engines if loop.supervisor.trouble]
+        return found + [(engine, trouble) for (_, engine), trouble in self.state_troubles.items()]
+
+    def _state_health(self) -> None:
+        """One critical alert (``state-unwritable``) when the state begins to refuse writes,
+        resolved once they all go through again; said in the log at both ends."""
+        troubles = self.troubles()
+        now = self.clock.now()
+        if troubles and self._trouble_alert is None:
+            engine, trouble = troubles[0]
+            event = "state-unwritable" if trouble.unwritable else "state-error"
+            outgoing = engine_alert(
+                engine,
+                event,
+                severity="critical",
+                title=f"tunerd cannot write its state ({self.config.state_dir})",
+                summary=f"{trouble.what}: {trouble.error}; tunerd goes on and tries again with backoff "
+                "(free space, or make the state folder writable)",
+                host=self.host,
+                now=now,
+                mode=self.mode,
+                undo=None,
+            )
+            self._trouble_alert = outgoing.alert
+            self.say("state_trouble", engine=engine, what=trouble.what, error=trouble.error)
+            self._send_alert(outgoing)
+        elif not troubles and self._trouble_alert is not None:
+            alert, self._trouble_alert = self._trouble_alert, None
+            self.say("state_trouble_over", engine=alert.engine)
+            self._send_alert(
+                Outgoing(alert.resolved(now, "writes to the state go through again"), None, self.mode)
+            )
 
     def _record_signals(
         self, loop: EngineLoop, reading: GpuReading, now: float, settings: Mapping[str, Any], generation: int
@@ -722,8 +814,7 @@ class Daemon:
             self._advance(loop)  # its policies wait until the restart has ended
             return
         if loop.people_due:
-            loop.people_due = False
-            self.actor.people_win(loop)
+            self._people_win(loop)
             if supervisor.in_flight():
                 self._advance(loop)
                 return
@@ -754,25 +845,38 @@ class Daemon:
         )
         loop.policy_states, plan = evaluate(self.policies, loop.policy_states, self.store, context, now)
         self._resolve_cleared(loop, now)
-        if plan is not None and plan.hold and record is not None and not record.held:
-            self.state.set_flags(name, held=True)
-            self.state.record_action(
-                engine=name,
-                kind="hold",
-                mode=plan.mode,
-                outcome="succeeded",
-                reason="; ".join(plan.reasons) or "a policy asked to hold",
-                now=now,
-                policy=",".join(plan.policies),
-                evidence={"signals": dict(plan.evidence)},
-            )
-            self.say("engine_held", engine=name, policies=list(plan.policies))
+        hold = plan if plan is not None and plan.hold else self._hold_due.get(name)
+        if hold is not None and record is not None and not record.held:
+            self._hold_due[name] = hold  # until it is written: a refused write is tried next tick
+            with self.state.transaction():
+                self.state.set_flags(name, held=True)
+                self.state.record_action(
+                    engine=name,
+                    kind="hold",
+                    mode=hold.mode,
+                    outcome="succeeded",
+                    reason="; ".join(hold.reasons) or "a policy asked to hold",
+                    now=now,
+                    policy=",".join(hold.policies),
+                    evidence={"signals": dict(hold.evidence)},
+                )
+            self.say("engine_held", engine=name, policies=list(hold.policies))
+        self._hold_due.pop(name, None)
         fresh = plan is not None
         if crash is not None:
             loop.waiting = None  # crashes never wait, and what the waiting plan assumed is gone
         elif plan is None and loop.waiting is not None:
             plan = loop.waiting[0]  # a plan still waiting (quiet period, busy GPU): look again
-        acted = self.actor.act(loop, plan, crash, now)
+        try:
+            acted = self.actor.act(loop, plan, crash, now)
+        except StateError:  # what it could not write is asked again at the next tick, not lost
+            if crash is not None:
+                loop.crash_plan = plan or loop.crash_plan
+            elif plan is not None and plan.changes and not plan.hold:
+                loop.waiting = loop.waiting or (plan, now)
+            raise
+        if loop.waiting is not None and loop.waiting[0] is plan and acted.did in (Did.PROPOSED, Did.OBSERVED):
+            loop.waiting = None  # a proposal retried after a refused write: recorded now
         if acted.did is Did.RESTARTING:
             progress = supervisor.progress()
             if plan is not None and progress is not None:
@@ -787,7 +891,9 @@ class Daemon:
     def _send_alert(self, outgoing: Outgoing) -> None:
         """Hand an alert to the dispatcher (never blocks) and record it in history: applied
         with the sinks it went to (what they answered is in the log, what could not be sent in
-        the dead-letter file), or skipped when no sink takes it."""
+        the dead-letter file), or skipped when no sink takes it. When the state refuses the
+        record (a full disk) the alert still goes: said in the log instead, never raised — a
+        retry of what raised it would send it twice."""
         alert = outgoing.alert
         sent = self.dispatcher.submit(alert, outgoing.sinks) if self.dispatcher is not None else []
         where = (
@@ -796,16 +902,19 @@ class Daemon:
             else "not delivered: no notify sink takes it"
             + ("" if self.config.notify else " (none configured)")
         )
-        self.state.record_action(
-            engine=alert.engine,
-            kind="notify",
-            mode=outgoing.mode,
-            outcome="applied" if sent else "skipped",
-            reason=f"{alert.severity} {alert.status}: {alert.title}: {alert.summary} ({where})",
-            now=alert.time,
-            policy=alert.policy,
-            evidence=dict(alert.evidence),
-        )
+        try:
+            self.state.record_action(
+                engine=alert.engine,
+                kind="notify",
+                mode=outgoing.mode,
+                outcome="applied" if sent else "skipped",
+                reason=f"{alert.severity} {alert.status}: {alert.title}: {alert.summary} ({where})",
+                now=alert.time,
+                policy=alert.policy,
+                evidence=dict(alert.evidence),
+            )
+        except StateError as error:
+            self.say("alert_not_recorded", engine=alert.engine, policy=alert.policy, error=str(error))
         self.say(
             "alert",
             engine=alert.engine,

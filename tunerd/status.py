@@ -98,9 +98,12 @@ def engine_status(
     budget_left: int,
     last_actions: Sequence[Mapping[str, Any]],
     restart: Progress | None,
+    stuck: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One engine of ``tunerd status --json`` (DESIGN §4.8), and more: ``paused`` (why), ``pinned``
-    and ``restart`` — the saga in flight, its step, what it waits for and its deadline."""
+    and ``restart`` — the saga in flight, its step, what it waits for and its deadline — and
+    ``stuck``: the saga's step whose write the state refused (a full disk), tried again at
+    ``next_try`` (None while the state takes them)."""
     return {
         "name": name,
         "state": state,
@@ -112,6 +115,7 @@ def engine_status(
         "paused": paused,
         "pinned": pinned,
         "restart": None if restart is None else restart.to_dict(),
+        "stuck": None if stuck is None else dict(stuck),
         "bills": bills(
             weights=weights,
             kv_pool=kv_pool,
@@ -139,12 +143,20 @@ def engine_status(
 
 
 def status_document(
-    *, mode: Mode, now: float, gpus: Iterable[GpuSample], engines: Sequence[Mapping[str, Any]]
+    *,
+    mode: Mode,
+    now: float,
+    gpus: Iterable[GpuSample],
+    engines: Sequence[Mapping[str, Any]],
+    state_trouble: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The whole of ``tunerd status --json``: the mode, the GPUs, each engine."""
+    """The whole of ``tunerd status --json``: the mode, the GPUs, each engine — and
+    ``state_trouble``: each write the state refuses now (which engine, what for, why, since
+    when, the tries, the next), empty while it takes them."""
     return {
         "mode": str(mode),
         "time": now,
+        "state_trouble": [dict(trouble) for trouble in state_trouble],
         "gpus": [
             {
                 "index": gpu.index,
@@ -247,6 +259,21 @@ def _until(deadline: Any, now: Any) -> str:
     return f" · gives up at {_when(deadline)}{left}"
 
 
+def _trouble(trouble: Mapping[str, Any], now: Any) -> list[str]:
+    """A write the state refuses, for people: on what, why, since when, when next."""
+    who = f"{trouble['engine']}: " if trouble.get("engine") else ""
+    said = [
+        f"{who}{trouble.get('what', '?')}",
+        f"cannot write the state: {trouble.get('error', '?')}",
+        f"since {_when(trouble.get('since'))}",
+        f"{trouble.get('attempts', '?')} tries",
+    ]
+    after = trouble.get("next_try")
+    if isinstance(after, (int, float)) and isinstance(now, (int, float)):
+        said.append(f"again in {max(0.0, after - now):.0f} s")
+    return said
+
+
 def _percent(value: Any) -> str:
     return "?" if value is None else f"{value * 100:.0f}%"
 
@@ -256,6 +283,8 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
     the pool, policies, guards and last actions. Lines never exceed :data:`WIDTH` columns (the
     bar's escape codes aside)."""
     lines = [f"tunerd — mode {status.get('mode', '?')} — {_when(status.get('time'))}"]
+    for trouble in status.get("state_trouble") or []:
+        lines += _wrap("STATE  ", _trouble(trouble, status.get("time")))
     gpus: Sequence[Mapping[str, Any]] = status.get("gpus") or []
     if not gpus:
         lines.append("GPU    none read (gpu source: none, or the driver did not answer)")
@@ -286,7 +315,8 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
         )
         restart = engine.get("restart")
         if restart:
-            detail = f" · {restart['detail']}" if restart.get("detail") else ""
+            # a stuck step's detail has a line of its own (below)
+            detail = f" · {restart['detail']}" if restart.get("detail") and not engine.get("stuck") else ""
             lines += _wrap(
                 "  restart   ",
                 [
@@ -294,6 +324,11 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
                     f"{_until(restart.get('deadline'), status.get('time'))}"
                 ],
             )
+        stuck = engine.get("stuck")
+        if stuck:
+            step = (restart or {}).get("step", "?")
+            said = [f"the saga is stuck on step {step}", *_trouble(stuck, status.get("time"))]
+            lines += _wrap("  stuck     ", said)
         if engine.get("paused"):
             lines += _wrap("  paused    ", [str(engine["paused"])])
         if engine.get("pinned"):

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from tunerd.status import WIDTH, bills, engine_state, render
+from tunerd.outcomes import Mode
+from tunerd.status import WIDTH, bills, engine_state, engine_status, render, status_document
 
 GIB = 1 << 30
 ESCAPE = re.compile(r"\033\[[0-9;]*m")
@@ -161,3 +162,47 @@ def test_what_a_person_must_know_is_on_the_screen_not_only_in_json() -> None:
         "for",
         "capacity",
     )
+
+
+def test_a_saga_stuck_on_a_full_disk_says_so_on_the_screen_and_in_json() -> None:
+    """Disk full mid-restart: the status looked fresh while the engine stayed down. Now the
+    stuck step and why are on the screen, per engine and on top."""
+    now = STATUS["time"]
+    trouble = {
+        "what": "step stopping: moving to step starting",
+        "error": "/var/lib/tunerd/tunerd.db: database or disk is full",
+        "unwritable": True,
+        "since": now - 30,  # type: ignore[operator]
+        "attempts": 4,
+        "next_try": now + 8,  # type: ignore[operator]
+    }
+    engine = dict(STATUS["engines"][0])  # type: ignore[index]
+    engine.update(
+        state="restarting",
+        stuck=trouble,
+        restart={"kind": "restart", "step": "stopping", "action_id": 12, "detail": "", "deadline": None,
+                 "started": now},
+    )  # fmt: skip
+    text = render({**STATUS, "engines": [engine], "state_trouble": [{**trouble, "engine": engine["name"]}]})
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= WIDTH
+    assert lines[1].startswith(
+        "STATE  llama31-8b-awq-with-a-long-name: step stopping: moving to step starting"
+    )
+    assert "cannot write the state: /var/lib/tunerd/tunerd.db: database or disk is full" in text
+    stuck = [line for line in lines if line.startswith("  stuck     ")]
+    assert stuck[0].startswith("  stuck     the saga is stuck on step stopping · step stopping: moving to")
+    assert "4 tries · again in 8 s" in text
+    assert "…" not in "".join(line for line in lines if line.startswith(("STATE", "  stuck")))
+
+
+def test_the_json_keeps_its_fields_and_adds_the_state_trouble() -> None:
+    engine = engine_status(
+        name="a", state="running", generation=1, settings={}, pid=1, healthy=True, last_known_good=None,
+        paused=None, pinned=False, held=False, weights=None, kv_pool=None, memory=None, free=None,
+        metrics=None, policies=(), restarts_in_window=0, budget_left=3, last_actions=(), restart=None,
+    )  # fmt: skip
+    assert engine["stuck"] is None
+    document = status_document(mode=Mode.ACT, now=1.0, gpus=(), engines=[engine])
+    assert document["state_trouble"] == []
+    assert set(document) == {"mode", "time", "gpus", "engines", "state_trouble"}

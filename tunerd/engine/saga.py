@@ -41,7 +41,11 @@ step reached   what may have happened                         the next tunerd
 =============  =============================================  ===============================
 
 Verification is ``/health`` 200 *and* vLLM's KV-size log line. Each action is one history
-record, moved from ``applied`` to its outcome; nothing is recorded twice. How a saga ended
+record, moved from ``applied`` to its outcome; nothing is recorded twice, and each start the
+saga makes is listed in its record (``evidence.starts``). Writes that belong together are one
+transaction (a kill -9 between them is no different from one before them); a write the state
+refuses (a full disk) leaves the step *stuck* — retried with backoff, shown by
+:meth:`Supervisor.progress` — never failed. How a saga ended
 reaches the daemon typed (:class:`~tunerd.outcomes.SagaResult`), as does what was done about
 a crash (:class:`CrashHandled`). Before each spawn (supervise mode) the start waits, within
 ``gpu_wait_seconds``, until the engine's GPUs have the free memory the new settings need, as
