@@ -6,6 +6,7 @@ processes are tests/integration/test_saga.py."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -718,3 +719,70 @@ def test_every_start_is_in_the_history_record_of_its_action_when_the_next_tunerd
     assert [start["how"] for start in starts] == ["spawned", "spawned"]
     assert starts[-1]["pid"] == following.process.pid  # type: ignore[union-attr]
     assert state.engine("main").generation == 3  # type: ignore[union-attr]
+
+
+def test_a_spawned_engine_whose_record_is_refused_is_taken_once_not_at_each_retry(
+    box: FakeBox, state: State
+) -> None:
+    """systemd mode's launch builds a new engine — a `journalctl -f` copy of its journal and a
+    rotated log — each time it is polled after `systemctl restart` returned. A retry of the
+    refused record polled it again: one more follower per retry. Now the step keeps what its
+    launch gave, and records that."""
+    supervisor = _started(box, state)
+    handed: list[object] = []
+    spawn = box.runner.start
+
+    class Launch:
+        def __init__(self, argv: object) -> None:
+            self.started = spawn(argv)  # type: ignore[arg-type]
+
+        def poll(self) -> object:
+            handed.append(self.started.engine)  # each poll hands out an engine (a new follower)
+            return self.started.engine
+
+        def detail(self) -> str:
+            return "systemctl restart"
+
+    box.runner.start = Launch  # type: ignore[method-assign, assignment]
+    disk = FullDisk(state)
+    supervisor.on_step = lambda step: disk.fill() if step == "spawned" else None
+    supervisor.begin_restart(FEWER, reason="test")
+    for _ in range(30):
+        assert supervisor.advance() is None
+        box.clock.advance(1)
+    assert supervisor.trouble is not None
+    assert "recording the new engine" in supervisor.trouble.what
+    disk.free()
+    result = _drive(supervisor)
+    assert result.outcome is Outcome.SUCCEEDED
+    assert len(handed) == 1
+
+
+def test_a_pre_stop_failure_whose_end_is_refused_is_still_the_end(box: FakeBox, state: State) -> None:
+    """The pre_stop hook failed (the load balancer kept the engine): the restart ends there,
+    nothing stopped. When the state refused that end, the retry found the hook done and went
+    on to stop the engine it had refused to take out. Now the end is kept and written."""
+    supervisor = _started(box, state)
+    old = supervisor.process
+    assert old is not None
+    spec = supervisor.spec
+    supervisor.spec = EngineSpec(**{**spec.__dict__, "hooks": {"pre_stop": ("sh", "-c", "exit 3")}})
+    disk = FullDisk(state)
+    supervisor.on_step = lambda step: disk.fill() if step.startswith("pre_stop") else None
+    supervisor.begin_restart(FEWER, reason="test")
+    for _ in range(200):  # the hook runs (a real process) and fails; its end is refused
+        assert supervisor.advance() is None
+        if supervisor.trouble is not None:
+            break
+        time.sleep(0.01)  # real time: the hook is a real process
+    for _ in range(20):
+        assert supervisor.advance() is None
+        box.clock.advance(1)
+    assert supervisor.trouble is not None
+    assert "ending the saga (failed)" in supervisor.trouble.what
+    disk.free()
+    result = _drive(supervisor)
+    assert result.outcome is Outcome.FAILED
+    assert result.reason.startswith("pre_stop hook failed (exit 3")
+    assert old.alive()  # never stopped
+    assert box.spawned == [SEED]
