@@ -291,6 +291,7 @@ class Supervisor:
         self._spawned_at: float | None = None  # monotonic, this tunerd's spawn of the saga's engine
         self._startup: float | None = None  # seconds from that spawn to verified
         self.next_restart_at: float | None = None  # a held engine's backoff, on the clock's now()
+        self._restart_due: float | None = None  # the same on its monotonic(): what decides
         self._held_attempts = 0
         self.adopted_by_hand: str | None = None  # why, when reconcile found a person's engine
         self._busy = state.intent(spec.name) is not None  # a saga in flight (the intent row)
@@ -901,7 +902,7 @@ class Supervisor:
             record = self.state.engine(name)
             if record is not None and record.held:
                 result = self._end(intent, Outcome.SUCCEEDED, "last-known-good restarted (still held)")
-                self.next_restart_at = None
+                self.next_restart_at = self._restart_due = None
                 return result
             pending = self.state.pending_base(name)
             also = promote if pending is not None and pending.id == version else None
@@ -990,6 +991,7 @@ class Supervisor:
                 also=mark_failed,
             )
             self._held_attempts, self.next_restart_at = attempts, next_at
+            self._restart_due = self.clock.monotonic() + (next_at - now)
             return result
         pending = self.state.pending_base(name)
         if pending is not None and pending.id == intent.to_version:
@@ -1228,7 +1230,9 @@ class Supervisor:
             return None
         now = self.clock.now()
         if self.next_restart_at is not None:
-            if now < self.next_restart_at:
+            # the backoff is counted on the monotonic clock: a wall clock stepped back an hour
+            # must not keep a held engine down an hour longer (nor one stepped ahead skip it)
+            if self._restart_due is not None and self.clock.monotonic() < self._restart_due:
                 return CrashHandled(CrashResponse.WAITING, f"held: next try at {self.next_restart_at:.0f}")
             return self._restart_held()
         record = self.state.engine(self.spec.name)
@@ -1284,7 +1288,8 @@ class Supervisor:
             if not record.held:
                 self.on_held(f"{why} after {crash['kind']} ({crash['message']}): tuning stopped")
             self._held_attempts += 1
-            self.next_restart_at = now + backoff_seconds(self._held_attempts, self.guards)
+            backoff = backoff_seconds(self._held_attempts, self.guards)
+            self.next_restart_at, self._restart_due = now + backoff, self.clock.monotonic() + backoff
             return CrashHandled(
                 CrashResponse.HELD, f"held ({why}); restarting last-known-good at {self.next_restart_at:.0f}"
             )

@@ -786,3 +786,23 @@ def test_a_pre_stop_failure_whose_end_is_refused_is_still_the_end(box: FakeBox, 
     assert result.reason.startswith("pre_stop hook failed (exit 3")
     assert old.alive()  # never stopped
     assert box.spawned == [SEED]
+
+
+def test_a_held_engines_backoff_is_counted_on_the_monotonic_clock(box: FakeBox, state: State) -> None:
+    """The wall clock stepped back an hour (NTP, a VM resumed): the held engine's retry was
+    due on the wall clock, so it stayed down an hour longer."""
+    supervisor = _started(box, state, max_restarts=10, backoff_base=60)
+    box.crash_after = 5.0
+    box.clock.advance(6)
+    assert supervisor.check() is not None  # the first crash: the same settings again
+    _drive(supervisor)
+    box.clock.advance(6)
+    held = supervisor.check()
+    assert held is not None
+    assert held.response is CrashResponse.HELD
+    box.clock._now -= 3600  # the wall clock steps back; monotonic time goes on
+    box.clock.advance(61)
+    retry = supervisor.check()
+    assert retry is not None
+    assert retry.response is CrashResponse.RESTARTING
+    _drive(supervisor)
