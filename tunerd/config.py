@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from tunerd.engine.args import command_problems
 from tunerd.notify.sink import Target
@@ -59,8 +59,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-GpuIndex = Annotated[int, Field(ge=0)]
-GpuUuid = Annotated[str, Field(min_length=1)]
+def _gpu(value: Any) -> Any:
+    index = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if not index and not (isinstance(value, str) and value.strip()):
+        raise ValueError(f"expected a GPU's index (0, 1, ...) or UUID, got {value!r}")
+    return value
+
+
+Gpu = Annotated[int | str, BeforeValidator(_gpu)]
 
 
 class EngineConfig(_Strict):
@@ -70,7 +76,7 @@ class EngineConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     unit: str | None = None
     url: str = "http://127.0.0.1:8000"
-    gpus: list[GpuIndex | GpuUuid] = Field(default_factory=lambda: list[int | str]([0]))
+    gpus: list[Gpu] = Field(default_factory=lambda: list[int | str]([0]))
     settings: dict[str, Any] = Field(default_factory=dict)
     bounds: dict[str, list[Any]] = Field(default_factory=dict)
     ladders: dict[str, list[Any]] = Field(default_factory=dict)  # a knob's rungs replace its notches
@@ -188,11 +194,18 @@ def _pydantic_problems(error: ValidationError, prefix: tuple[str | int, ...]) ->
     for item in error.errors():
         path = (
             *prefix,
-            *(part for part in item["loc"] if not str(part).startswith(("function-", "literal"))),
+            *(
+                part
+                for part in item["loc"]
+                if not str(part).startswith(("function-", "literal", "[key]", "constrained-"))
+            ),
         )
         message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"
+        elif item["type"].endswith("_type"):  # strict: a bool is no number, a number no string
+            shown = repr(item.get("input"))
+            message += f", got {shown if len(shown) <= 40 else shown[:37] + '...'}"
         problems.append(Problem(tuple(path), message))
     return problems
 

@@ -34,6 +34,7 @@ __all__ = [
     "PolicyError",
     "PolicyFile",
     "PositiveDuration",
+    "duration_problem",
     "load_policy_file",
     "load_policy_files",
 ]
@@ -66,6 +67,16 @@ def _duration(value: Any) -> float:
     if seconds > MAX_DURATION_S:
         raise ValueError(f"duration {value!r} is longer than 30 days")
     return seconds
+
+
+def duration_problem(value: Any, positive: bool = False) -> str | None:
+    """Why ``value`` is not a duration a policy or a policy test may give (None when it is):
+    ``10m`` or seconds, at most 30 days, more than zero when ``positive``."""
+    try:
+        (_positive_duration if positive else _duration)(value)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def _positive_duration(value: Any) -> float:

@@ -8,6 +8,10 @@ policies are evaluated at every sample time; a plan in ``act`` mode applies its 
 (the engine "restarts" with them). ``expect`` entries must be matched by plans within one
 interval of ``at``; ``expect_no_actions`` means nothing at all may happen and
 ``expect_no_other_actions`` nothing beyond what is expected.
+
+:func:`load_test_file` checks a whole file (and loads the policies it names) before anything
+runs: every problem is :class:`PolicyError`, located; a test runs for at most
+:data:`MAX_SAMPLES` evaluations.
 """
 
 from __future__ import annotations
@@ -20,20 +24,30 @@ from pathlib import Path
 from typing import Any
 
 from tunerd.policy.engine import ActionPlan, EngineContext, evaluate, new_states
-from tunerd.policy.schema import EVENTS, MODES, Policy, PolicyError, load_policy_files
+from tunerd.policy.schema import EVENTS, MODES, Policy, PolicyError, duration_problem, load_policy_files
 from tunerd.signals import SIGNALS
 from tunerd.store import Event, Store
-from tunerd.tune import NUMERIC_TUNABLES, TUNABLES, validate_value
-from tunerd.units import UnitError, parse_duration
+from tunerd.tune import TUNABLES, bounds_problem, validate_value
+from tunerd.units import parse_duration
 from tunerd.yamlfile import Problem, YamlError, load_yaml, located
 
-__all__ = ["SeriesError", "TestOutcome", "expand_series", "run_test_file"]
+__all__ = [
+    "SeriesError",
+    "TestFile",
+    "TestOutcome",
+    "evaluations",
+    "expand_series",
+    "load_test_file",
+    "run_test_file",
+    "run_tests",
+]
 
 _TERM = re.compile(
     r"^(?P<start>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|_)(?:(?P<step>[-+](?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)?x(?P<count>\d+))?$"
 )
 ENGINE = "engine"
 MAX_SAMPLES = 1_000_000
+SEVERITIES = ("info", "warning", "critical")
 
 
 class SeriesError(ValueError):
@@ -108,15 +122,23 @@ def _matches(plan: ActionPlan, expected: dict[str, Any]) -> bool:
     return not (severity and severity not in {request.severity for request in plan.notify})
 
 
+def evaluations(test: dict[str, Any], interval: float) -> int:
+    """How many times a checked test evaluates the policies: once per sample of its longest
+    series, and at least once at or after its last event."""
+    length = max((len(expand_series(text)) for text in (test.get("series") or {}).values()), default=0)
+    last = max((parse_duration(item["at"]) for item in test.get("events") or []), default=None)
+    if last is not None:
+        length = max(length, math.ceil(last / interval - 1e-9) + 1)
+    return length
+
+
 def _run_one(
     policies: Sequence[Policy], engine: dict[str, Any], interval: float, test: dict[str, Any]
 ) -> TestOutcome:
     store = Store(capacity=100_000, max_events=10_000)
     series = {name: expand_series(text) for name, text in (test.get("series") or {}).items()}
-    length = max((len(values) for values in series.values()), default=0)
+    length = evaluations(test, interval)
     events = sorted(test.get("events") or [], key=lambda item: parse_duration(item["at"]))
-    if events:  # evaluate at least once at or after the last event
-        length = max(length, math.ceil(parse_duration(events[-1]["at"]) / interval - 1e-9) + 1)
     context = EngineContext(
         name=ENGINE,
         settings=dict(engine.get("settings") or {}),
@@ -183,16 +205,6 @@ def _expectation(expected: dict[str, Any]) -> str:
     return ", ".join(parts) or "an action"
 
 
-def _duration_problem(value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        return f"invalid duration {value!r}: expected e.g. '5s'"
-    try:
-        seconds = parse_duration(value)
-    except (UnitError, OverflowError) as error:
-        return str(error)
-    return None if math.isfinite(seconds) else f"invalid duration {value!r}"
-
-
 def _check_engine(engine: Any) -> list[Problem]:
     if not isinstance(engine, dict):
         return [Problem(("engine",), "expected a mapping with settings, bounds, ladders, mode")]
@@ -208,19 +220,18 @@ def _check_engine(engine: Any) -> list[Problem]:
         for knob, value in content.items():
             where = ("engine", section, str(knob))
             if knob not in TUNABLES:
-                problems.append(Problem(where, f"'{knob}' is not a tunable"))
-            elif section == "settings" and (problem := validate_value(knob, value)) is not None:
+                problem: str | None = f"'{knob}' is not a tunable"
+            elif section == "settings":
+                problem = validate_value(knob, value)
+            elif section == "bounds":
+                problem = bounds_problem(knob, value)
+            elif not isinstance(value, list) or not value or any(validate_value(knob, v) for v in value):
+                problem = f"expected a list of valid {knob} values"
+            else:
+                problem = None
+            if problem is not None:
                 problems.append(Problem(where, problem))
-            elif section != "settings":
-                if not isinstance(value, list) or not value or any(validate_value(knob, v) for v in value):
-                    problems.append(Problem(where, f"expected a list of valid {knob} values"))
-                elif (
-                    section == "bounds"
-                    and knob in NUMERIC_TUNABLES
-                    and (len(value) != 2 or value[0] > value[1])
-                ):
-                    problems.append(Problem(where, "expected [low, high]"))
-    if engine.get("mode", "act") not in MODES:
+    if not isinstance(engine.get("mode", "act"), str) or engine.get("mode", "act") not in MODES:
         problems.append(Problem(("engine", "mode"), f"expected one of {', '.join(MODES)}"))
     return problems
 
@@ -264,7 +275,7 @@ def _check_test(test: Any, path: tuple[str | int, ...]) -> list[Problem]:
             if not isinstance(item, dict) or "at" not in item:
                 problems.append(Problem(where, "each entry is a mapping with `at`", context, 2))
                 continue
-            if (problem := _duration_problem(item["at"])) is not None:
+            if (problem := duration_problem(item["at"])) is not None:
                 problems.append(Problem((*where, "at"), problem, context, 2))
             others = [k for k in item if k != "at"]
             if key == "events":
@@ -289,9 +300,17 @@ def _check_test(test: Any, path: tuple[str | int, ...]) -> list[Problem]:
                     problems.append(
                         Problem((*where, "tune"), "expected a mapping of knob: value", context, 2)
                     )
-                if "notify" in item and not isinstance(item["notify"], dict | bool):
+                notify = item.get("notify")
+                severity = notify.get("severity", "warning") if isinstance(notify, dict) else "warning"
+                known = isinstance(severity, str) and severity in SEVERITIES
+                if "notify" in item and (not isinstance(notify, dict | bool) or not known):
                     problems.append(
-                        Problem((*where, "notify"), "expected true or {severity: ...}", context, 2)
+                        Problem(
+                            (*where, "notify"),
+                            f"expected true or {{severity: {' | '.join(SEVERITIES)}}}",
+                            context,
+                            2,
+                        )
                     )
     return problems
 
@@ -307,24 +326,43 @@ def _check_file(data: Any) -> list[Problem]:
     if not isinstance(files, list) or not files or not all(isinstance(item, str) for item in files):
         problems.append(Problem(("policies",), "expected a list of policy file names"))
     interval = data.get("interval", "5s")
-    if (problem := _duration_problem(interval)) is not None:
+    if (problem := duration_problem(interval, positive=True)) is not None:
         problems.append(Problem(("interval",), problem))
-    elif parse_duration(interval) <= 0:
-        problems.append(Problem(("interval",), "the interval must be more than zero"))
     problems += _check_engine(data.get("engine") or {})
     tests = data.get("tests")
     if not isinstance(tests, list) or not tests:
         problems.append(Problem(("tests",), "expected a list of tests"))
         return problems
     for index, test in enumerate(tests):
-        problems += _check_test(test, ("tests", index))
+        found = _check_test(test, ("tests", index))
+        problems += found
+        if not found and not problems and evaluations(test, parse_duration(interval)) > MAX_SAMPLES:
+            problems.append(
+                Problem(
+                    ("tests", index), f"runs for more than {MAX_SAMPLES:,} evaluations: use a longer interval"
+                )
+            )
     return problems
 
 
-def run_test_file(path: str | Path) -> list[TestOutcome]:
-    """Run every test of one file. :class:`PolicyError` (exit 2) for a bad file."""
+@dataclass(frozen=True)
+class TestFile:
+    """A checked policy test file: its policies loaded, ready to run."""
+
+    __test__ = False  # not a pytest class
+
+    path: str
+    policies: list[Policy]
+    engine: dict[str, Any]
+    interval: float
+    tests: list[dict[str, Any]]
+
+
+def load_test_file(path: str | Path, text: str | None = None) -> TestFile:
+    """Check one test file (``text``, or the file at ``path``) and load the policies it names,
+    relative to ``path``. :class:`PolicyError` (exit 2) lists every problem, located."""
     try:
-        source = load_yaml(path)
+        source = load_yaml(path, text)
     except YamlError as error:
         raise PolicyError(str(error).splitlines()) from None
     problems = _check_file(source.data)
@@ -332,9 +370,23 @@ def run_test_file(path: str | Path) -> list[TestOutcome]:
         raise PolicyError(located(source, problems))
     base = Path(path).parent
     policies = load_policy_files([base / name for name in source.data["policies"]])
-    interval = parse_duration(source.data.get("interval", "5s"))
-    engine = source.data.get("engine") or {}
-    return [_run_one(policies, engine, interval, test) for test in source.data["tests"]]
+    return TestFile(
+        path=str(path),
+        policies=policies,
+        engine=source.data.get("engine") or {},
+        interval=parse_duration(source.data.get("interval", "5s")),
+        tests=source.data["tests"],
+    )
+
+
+def run_tests(loaded: TestFile) -> list[TestOutcome]:
+    """Run every test of a checked file."""
+    return [_run_one(loaded.policies, loaded.engine, loaded.interval, test) for test in loaded.tests]
+
+
+def run_test_file(path: str | Path) -> list[TestOutcome]:
+    """Run every test of one file. :class:`PolicyError` (exit 2) for a bad file."""
+    return run_tests(load_test_file(path))
 
 
 def describe_plans(plans: Sequence[ActionPlan]) -> list[str]:
