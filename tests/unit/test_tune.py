@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tunerd.tune import apply_tune
+from tunerd.tune import MAX_VALUES, apply_tune, bounds_problem, validate_value
 
 BOUNDS = {
     "max_num_seqs": [4, 16],
@@ -112,3 +112,58 @@ def test_bounds_never_crossed_and_ladders_never_stick(
     for _ in range(100):
         value = apply_tune(knob, "step_down", value, BOUNDS[knob]).after
     assert value == low
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "problem"),
+    [
+        ("max_num_seqs", 1e30, "max_num_seqs must be at most 1,048,576, got 1e+30"),
+        ("max_num_seqs", 10**30, f"max_num_seqs must be at most 1,048,576, got {10**30}"),
+        ("max_model_len", 2**31, "max_model_len must be at most 2,147,483,647, got 2147483648"),
+        ("max_num_batched_tokens", 2**31, "max_num_batched_tokens must be at most 2,147,483,647"),
+        ("kv_cache_memory_bytes", 2**40 + 1, "kv_cache_memory_bytes must be at most 1,099,511,627,776"),
+        ("max_num_seqs", 0, "max_num_seqs takes a positive whole number, got 0"),
+        ("max_num_seqs", 8.5, "max_num_seqs takes a positive whole number, got 8.5"),
+        ("max_num_seqs", float("nan"), "max_num_seqs takes a positive whole number, got nan"),
+        ("max_num_seqs", True, "max_num_seqs takes a number, got True"),
+        ("gpu_memory_utilization", 0, "gpu_memory_utilization must be in (0, 1], got 0"),
+        (
+            "kv_cache_dtype",
+            ["fp8"],
+            "kv_cache_dtype takes auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2, got ['fp8']",
+        ),
+    ],
+)
+def test_values_out_of_a_knobs_range_are_refused(knob: str, value: object, problem: str) -> None:
+    """Issue 16: `max_num_seqs: 1e30` passed `config check` and reached vLLM's argv."""
+    why = validate_value(knob, value)
+    assert why is not None
+    assert why.startswith(problem)
+
+
+def test_the_ends_of_each_range_are_valid() -> None:
+    for knob, high in MAX_VALUES.items():
+        assert validate_value(knob, high) is None
+        assert validate_value(knob, 1 if knob != "gpu_memory_utilization" else 0.01) is None
+
+
+@pytest.mark.parametrize(
+    ("knob", "bounds", "problem"),
+    [
+        ("max_num_seqs", [16, 4], "max_num_seqs bounds are [low, high], got [16, 4]: the low one first"),
+        ("max_num_seqs", [4], "max_num_seqs bounds are [low, high], got [4]"),
+        ("max_num_seqs", [4, 8, 16], "max_num_seqs bounds are [low, high], got [4, 8, 16]"),
+        ("max_num_seqs", [], "max_num_seqs bounds are [low, high], got []"),
+        ("max_num_seqs", {"low": 4}, "max_num_seqs bounds are [low, high], got {'low': 4}"),
+        ("max_num_seqs", [4, 1e30], "max_num_seqs must be at most 1,048,576"),
+        ("kv_cache_dtype", [], "kv_cache_dtype bounds are a list of the values it may take, got []"),
+        ("enforce_eager", [1], "enforce_eager takes true or false, got 1"),
+        ("swap_space", [1, 2], "'swap_space' is not a tunable"),
+    ],
+)
+def test_bounds_are_low_then_high_and_in_range(knob: str, bounds: object, problem: str) -> None:
+    why = bounds_problem(knob, bounds)
+    assert why is not None
+    assert why.startswith(problem)
+    assert bounds_problem("max_num_seqs", [4, 4]) is None
+    assert bounds_problem("kv_cache_dtype", ["auto", "fp8"]) is None

@@ -128,3 +128,77 @@ def test_without_tunables_leaves_the_program_and_the_model() -> None:
         "/venv/bin/python", "/venv/bin/vllm", "serve", "/srv/models/llama", "--port", "8000",
     )  # fmt: skip
     assert without_tunables(engine_argv(["vllm", "serve", "m"], SEED, 30)) == ("vllm", "serve", "m")
+
+
+# vLLM 0.32's parser (FlexibleArgumentParser, allow_abbrev on) read these as the flags tunerd
+# owns: `_` becomes `-` in a flag's name, and an unambiguous prefix is the whole flag.
+@pytest.mark.parametrize(
+    ("arg", "problem"),
+    [
+        (
+            "--gpu_memory_utilization",
+            "--gpu_memory_utilization (vLLM reads it as --gpu-memory-utilization) is tuned by tunerd: set gpu_memory_utilization under the engine's settings, not in command",
+        ),
+        (
+            "--max_num_seqs=7",
+            "--max_num_seqs (vLLM reads it as --max-num-seqs) is tuned by tunerd: set max_num_seqs under the engine's settings, not in command",
+        ),
+        (
+            "--disable_log_stats",
+            "--disable_log_stats (vLLM reads it as --disable-log-stats) is not allowed in command: it removes every vllm: metric tunerd reads",
+        ),
+        (
+            "--swap_space",
+            "--swap_space (vLLM reads it as --swap-space) is not allowed in command: removed in vLLM 0.18",
+        ),
+        (
+            "--max-num-seq",
+            "--max-num-seq (an abbreviation of --max-num-seqs) is tuned by tunerd: set max_num_seqs under the engine's settings, not in command",
+        ),
+        (
+            "--gpu-mem=0.5",
+            "--gpu-mem (an abbreviation of --gpu-memory-utilization) is tuned by tunerd: set gpu_memory_utilization under the engine's settings, not in command",
+        ),
+        (
+            "--no-enable-prefix",
+            "--no-enable-prefix (an abbreviation of --no-enable-prefix-caching) is tuned by tunerd: set enable_prefix_caching under the engine's settings, not in command",
+        ),
+        (
+            "--disable-log-stat",
+            "--disable-log-stat (an abbreviation of --disable-log-stats) is not allowed in command: it removes every vllm: metric tunerd reads",
+        ),
+        (
+            "--shutdown_time",
+            "--shutdown_time (an abbreviation of --shutdown-timeout) is set by tunerd from the restart's drain time",
+        ),
+        (
+            "--max_num",
+            "--max_num is an abbreviation vLLM reads as one of --max-num-seqs, --max-num-batched-tokens (or refuses as ambiguous): tunerd sets those; write the whole name of the flag you mean",
+        ),
+    ],
+)
+def test_every_spelling_vllm_reads_as_a_flag_tunerd_owns_is_refused(arg: str, problem: str) -> None:
+    assert command_problems(["vllm", "serve", "m", arg]) == [problem]
+    with pytest.raises(ArgsError):
+        engine_argv(["vllm", "serve", "m", arg], SEED, 60)
+
+
+def test_vllms_other_flags_and_values_are_left_alone() -> None:
+    """Flags of vLLM 0.32 that start like the ones tunerd owns, short flags, values, `--`."""
+    command = [
+        "vllm", "serve", "/srv/models/max_num_seqs", "--kv-cache-dtype-skip-layers", "0",
+        "--max-num-partial-prefills", "2", "--enable-prompt-embeds", "--no-enable-log-requests",
+        "--gpu-memory-utilizations-are-not-a-flag", "-tp", "2", "--", "-O3", "--served-model-name=max",
+    ]  # fmt: skip
+    assert command_problems(command) == []
+
+
+def test_spellings_vllm_reads_are_read_back_and_set_aside() -> None:
+    argv = ["vllm", "serve", "m", "--max_num_seqs", "12", "--gpu-mem=0.85", "--no-enforce-eag", "--port", "1"]
+    assert settings_from_argv(argv) == {
+        "max_num_seqs": 12,
+        "gpu_memory_utilization": 0.85,
+        "enforce_eager": False,
+    }
+    assert settings_from_argv(["--max-num", "4"]) == {}  # ambiguous: neither of them
+    assert without_tunables([*argv, "--shutdown_timeout", "30"]) == ("vllm", "serve", "m", "--port", "1")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from tunerd.policy.engine import EngineContext, NotifyRequest, evaluate, new_states
 from tunerd.policy.schema import PolicyError, load_policy_file
-from tunerd.policy.testrun import run_test_file
+from tunerd.policy.testrun import load_test_file, run_test_file, run_tests
 from tunerd.store import Event, Store
 from tunerd.tune import apply_tune
 
@@ -169,3 +170,146 @@ def test_tunes_clamp_before_validating_and_never_step_the_wrong_way() -> None:
     assert apply_tune("gpu_memory_utilization", "double", 0.6, [0.5, 0.95]).after == 0.95
     assert apply_tune("max_num_seqs", "step_up", 32, [4, 16]).after == 32
     assert apply_tune("max_num_seqs", "step_down", 2, [4, 16]).after == 2
+
+
+# -- issue 16 -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("when", "then", "problem"),
+    [
+        (
+            "{metric: kv_cache_usage, above: 0.5, for: 31d}",
+            "{hold: true}",
+            "when.for: duration '31d' is longer than 30 days",
+        ),
+        (
+            "{metric: kv_cache_usage, above: 0.5, for: 1.0e+30}",
+            "{hold: true}",
+            "when.for: duration 1e+30 is longer than 30 days",
+        ),
+        (
+            "{metric: num_preemptions_total, rate_above: 0, window: 0s}",
+            "{hold: true}",
+            "when.window: duration '0s' must be more than zero",
+        ),
+        (
+            "{signal: neighbour_growth, by: 1GiB, window: 0}",
+            "{hold: true}",
+            "when.window: duration 0 must be more than zero",
+        ),
+        (
+            "{event: engine_crash, within: 0s}",
+            "{hold: true}",
+            "when.within: duration '0s' must be more than zero",
+        ),
+        (
+            "{no_event: engine_crash, for: 0s}",
+            "{hold: true}",
+            "when.for: duration '0s' must be more than zero",
+        ),
+        (
+            "{event: engine_crash, at_least: true}",
+            "{hold: true}",
+            "when.at_least: Input should be a valid integer",
+        ),
+        (
+            "{event: engine_crash, at_least: '3'}",
+            "{hold: true}",
+            "when.at_least: Input should be a valid integer",
+        ),
+        (
+            "{event: engine_crash}",
+            "{restart: {drain: 99999d}}",
+            "then[0].restart.drain: duration '99999d' is longer than 30 days",
+        ),
+        (
+            "{event: engine_crash}",
+            "{tune: {max_num_seqs: 1.0e+30}}",
+            "then[0].tune.max_num_seqs: max_num_seqs must be at most 1,048,576",
+        ),
+    ],
+)
+def test_values_no_policy_can_mean_are_refused(when: str, then: str, problem: str) -> None:
+    errors = _load(POLICY.format(when=when, then=then))
+    assert any(
+        error.startswith(f"p.yaml:4: policy 'p': {problem}") or problem in error for error in errors
+    ), errors
+
+
+# 400 bytes that PyYAML expanded into 9**9 strings: 20 s and 1.1 GB in `policy check`.
+BOMB = "version: 1\npolicies: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{b}: &{b} [*{a}, *{a}, *{a}, *{a}, *{a}, *{a}, *{a}, *{a}, *{a}]\n"
+    for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def test_an_alias_bomb_is_refused_at_once() -> None:
+    assert len(BOMB) <= 450
+    started = time.monotonic()
+    errors = _load(BOMB)
+    assert time.monotonic() - started < 5  # loose: expanding it took 20 s
+    assert errors == ["p.yaml:2: YAML anchors and aliases (&x, *x) are not accepted: write the values out"]
+
+
+def test_an_alias_bomb_in_a_policy_test_file_is_refused_at_once(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(BOMB.replace("version: 1\npolicies:", "policies: [p.yaml]\ntests:"))
+    with pytest.raises(PolicyError) as caught:
+        run_test_file(tmp_path / "t.yaml")
+    assert caught.value.problems == [
+        f"{tmp_path / 't.yaml'}:2: YAML anchors and aliases (&x, *x) are not accepted: write the values out"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (
+            "engine: {bounds: {max_num_seqs: [16, 4]}}\ntests: [{name: a}]",
+            "t.yaml:2: engine.bounds.max_num_seqs: max_num_seqs bounds are [low, high], got [16, 4]: the low one first",
+        ),
+        (
+            "engine: {settings: {max_num_seqs: 1.0e+30}}\ntests: [{name: a}]",
+            "t.yaml:2: engine.settings.max_num_seqs: max_num_seqs must be at most 1,048,576",
+        ),
+        (
+            "interval: 1ms\ntests: [{name: a, events: [{at: 20m, engine_crash: {}}]}]",
+            "t.yaml:3: tests[0]: runs for more than 1,000,000 evaluations: use a longer interval",
+        ),
+        (
+            "tests: [{name: a, events: [{at: 31d, engine_crash: {}}]}]",
+            "t.yaml:2: test 'a': events[0].at: duration '31d' is longer than 30 days",
+        ),
+        (
+            "tests: [{name: a, expect: [{at: 0s, notify: {severity: [x]}}]}]",
+            "t.yaml:2: test 'a': expect[0].notify: expected true or {severity: info | warning | critical}",
+        ),
+        (
+            "engine: {mode: [act]}\ntests: [{name: a}]",
+            "t.yaml:2: engine.mode: expected one of observe, advise, act",
+        ),
+    ],
+)
+def test_what_a_policy_test_would_trip_on_is_a_located_problem(
+    tmp_path: Path, body: str, problem: str
+) -> None:
+    (tmp_path / "p.yaml").write_text(
+        POLICY.format(when="{metric: kv_cache_usage, above: 0.5}", then="{notify: {severity: info}}")
+    )
+    (tmp_path / "t.yaml").write_text(f"policies: [p.yaml]\n{body}\n")
+    with pytest.raises(PolicyError) as caught:
+        run_test_file(tmp_path / "t.yaml")
+    assert f"{tmp_path / problem}" in caught.value.problems or any(
+        error.startswith(str(tmp_path / problem)) for error in caught.value.problems
+    ), caught.value.problems
+
+
+def test_a_test_file_is_checked_from_its_text_with_its_policies_beside_it(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(POLICY.format(when="{event: engine_crash}", then="{hold: true}"))
+    loaded = load_test_file(
+        tmp_path / "t.yaml",
+        "policies: [p.yaml]\ninterval: 10s\ntests: [{name: a, events: [{at: 1m, engine_crash: {}}], expect: [{at: 1m, hold: true}]}]\n",
+    )
+    assert ([policy.name for policy in loaded.policies], loaded.interval) == (["p"], 10.0)
+    [outcome] = run_tests(loaded)
+    assert outcome.passed, outcome.failures
