@@ -15,7 +15,8 @@ Threads (:mod:`tunerd.scheduler`, APScheduler 3 jobs). The *loop* executor — o
 owns the state database and runs everything that changes something: the tick each metrics
 interval, the sagas job, a reload (SIGHUP) at the start of a tick, housekeeping each minute.
 The *gpu* executor runs the GPU sampling job (:class:`~tunerd.sampler.Sampler`, 4 times a
-second by default): it feeds systemd's watchdog (a hung driver read silences it), and after
+second by default): it feeds systemd's watchdog (a hung driver read silences it, and so does a
+loop job stalled past its interval: :meth:`Daemon._watchdog_hold`), and after
 each reading it looks for a dead engine or a reload asked for and brings the tick forward — so
 a crash is handled within a sampling period, not a whole interval. The *logs* executor passes
 the engines' log lines into tunerd's log. The status API and the metrics endpoint serve what
@@ -52,7 +53,7 @@ from tunerd.outcomes import Mode, Progress
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
-from tunerd.scheduler import LOGS, LOOP, Jobs
+from tunerd.scheduler import LOGS, LOOP, STALL_MARGIN_S, Jobs
 from tunerd.sdnotify import Notifier
 from tunerd.signals import ENGINE_METRIC_SIGNALS, engine_gpus, engine_memory, gpu_room, gpu_signals
 from tunerd.sources.engine_log import FileFollower, passed_through
@@ -117,6 +118,10 @@ class Daemon:
         self.config = config
         self.log_max_bytes = log_max_bytes  # an engine log past this is copied aside and truncated
         self.notifier = notifier or Notifier()  # systemd's, when NOTIFY_SOCKET is set
+        # WATCHDOG=1 says the loop moves too: withheld while a job is this late past its interval
+        self.stall_margin = STALL_MARGIN_S
+        self._withheld: str | None = None
+        self.notifier.hold = self._watchdog_hold
         self.clock = clock or (
             SimulatorClock(config.clock.url or "") if config.clock.source == "sim" else SYSTEM_CLOCK
         )
@@ -435,6 +440,20 @@ class Daemon:
         does the rest — and a hung GPU read delays it no more than the tick's own look."""
         if self.jobs is not None and (self._engine_died() or self.reload_requested.is_set()):
             self.jobs.run_soon("tick")
+
+    def _watchdog_hold(self) -> str | None:
+        """Why systemd's watchdog is not to be fed now (the sampler asks before each ping): a
+        job of the daemon not completed for its interval plus :attr:`stall_margin` — a frozen
+        loop gets tunerd restarted even while sampling goes on. Said when it begins and ends."""
+        jobs = self.jobs
+        late = jobs.stalled(self.stall_margin) if jobs is not None else []
+        why = f"late past their interval + {self.stall_margin:g} s: {', '.join(late)}" if late else None
+        if why is not None and self._withheld is None:
+            self.say("watchdog_withheld", reason=why)
+        elif why is None and self._withheld is not None:
+            self.say("watchdog_resumed", was=self._withheld)
+        self._withheld = why
+        return why
 
     def _job_failed(self, job: str, error: BaseException, trace: str | None) -> None:
         self.say("job_failed", job=job, error=f"{type(error).__name__}: {error}", traceback=trace)

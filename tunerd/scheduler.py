@@ -20,6 +20,11 @@ row, stops so that systemd restarts it clean).
 APScheduler decides *when* a job runs, on the wall clock; what a job sees as *now* comes from
 the daemon's injected :class:`~tunerd.clock.Clock` (a test's, or the simulator's).
 
+Progress: each job's last completion is kept (monotonic time), and :meth:`Jobs.stalled` names
+the jobs that have not completed for their interval plus a margin — one stuck in a run, or
+never started because the job ahead of it on its thread is stuck. The daemon withholds the
+systemd watchdog's ping while any is (a frozen loop is restarted, not only a wedged sampler).
+
 Stopping: APScheduler's ``shutdown(wait=True)`` holds its job-store lock while it waits for the
 jobs in progress, so a job that asks the scheduler for anything then (the tick bringing its
 next run forward) waits for that lock forever, and so does tunerd's exit. :meth:`Jobs.shutdown`
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -44,11 +50,14 @@ from apscheduler.events import (
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-__all__ = ["GPU", "LOGS", "LOOP", "Jobs"]
+__all__ = ["GPU", "LOGS", "LOOP", "STALL_MARGIN_S", "Jobs"]
 
 GPU = "gpu"
 LOOP = "loop"
 LOGS = "logs"
+#: how long past its interval a job may go without completing before it counts as stalled: more
+#: than the longest step a job may block for (a ``systemctl`` call's 30 s, a scrape's deadline)
+STALL_MARGIN_S = 60.0
 
 # APScheduler logs a skipped run as a WARNING on every occurrence (each tick that fell due while a
 # restart holds the loop thread): the counts below say it once, in tunerd's status and metrics.
@@ -67,6 +76,8 @@ class Jobs:
         self._closing = False
         self._running = 0  # jobs in progress
         self._idle = threading.Condition()
+        # job id → (interval, monotonic time of its last completion, or of when it was added)
+        self._progress: dict[str, tuple[float, float]] = {}
         self.scheduler = BackgroundScheduler(
             executors={GPU: ThreadPoolExecutor(1), LOOP: ThreadPoolExecutor(1), LOGS: ThreadPoolExecutor(1)},
             job_defaults={"max_instances": 1, "coalesce": True},
@@ -95,6 +106,8 @@ class Jobs:
             finally:
                 with self._idle:
                     self._running -= 1
+                    if job_id in self._progress:  # not removed meanwhile
+                        self._progress[job_id] = (self._progress[job_id][0], time.monotonic())
                     self._idle.notify_all()
 
         self.scheduler.add_job(
@@ -108,11 +121,26 @@ class Jobs:
             replace_existing=True,
             **first,
         )
+        with self._idle:  # added again (a reload's new interval): its last completion still counts
+            last = self._progress.get(job_id, (seconds, time.monotonic()))[1]
+            self._progress[job_id] = (seconds, last)
 
     def remove(self, job_id: str) -> None:
         """Stop running ``job_id`` (nothing when it is not scheduled)."""
         if self.has(job_id):
             self.scheduler.remove_job(job_id)
+        with self._idle:
+            self._progress.pop(job_id, None)
+
+    def stalled(self, margin: float = STALL_MARGIN_S, now: float | None = None) -> list[str]:
+        """The jobs that have not completed for more than their interval plus ``margin``
+        seconds at ``now`` (monotonic; default: now): stuck in a run, or waiting behind one
+        that is. None while stopping."""
+        now = time.monotonic() if now is None else now
+        with self._idle:
+            if self._closing:
+                return []
+            return sorted(job for job, (every, last) in self._progress.items() if now - last > every + margin)
 
     def has(self, job_id: str) -> bool:
         return not self._closing and self.scheduler.get_job(job_id) is not None

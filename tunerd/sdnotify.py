@@ -8,7 +8,9 @@ address this does not speak (``vsock:``), every call does nothing. What tunerd s
   summary (``systemctl status`` shows it);
 - ``WATCHDOG=1`` from the GPU sampling loop, at half of ``$WATCHDOG_USEC`` (``WatchdogSec=``),
   so a wedged sampler is restarted by systemd; honoured only when ``$WATCHDOG_PID`` is unset or
-  this process;
+  this process. :attr:`Notifier.hold` may withhold it: the daemon's says why while a job of its
+  loop is stalled (:meth:`tunerd.scheduler.Jobs.stalled`), so a frozen loop behind a healthy
+  sampler is restarted too;
 - ``RELOADING=1`` with ``MONOTONIC_USEC=`` before a reload, ``READY=1`` after;
 - ``STOPPING=1`` when it begins to stop.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 __all__ = ["Notifier"]
 
@@ -40,6 +42,9 @@ class Notifier:
         mine = not pid or pid == str(os.getpid())
         #: seconds between ``WATCHDOG=1`` pings (half of systemd's timeout), or None: no watchdog
         self.watchdog_interval = int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 and mine else None
+        #: asked before each ``WATCHDOG=1``: a reason to withhold it (the process is not well), or None
+        self.hold: Callable[[], str | None] | None = None
+        self.withheld: str | None = None  # why the last ping was withheld, None when it was sent
         self._socket: socket.socket | None = None
 
     @property
@@ -70,7 +75,15 @@ class Notifier:
         return self.send(STATUS=text.replace("\n", " "))
 
     def watchdog(self) -> bool:
-        return self.watchdog_interval is not None and self.send(WATCHDOG=1)
+        """``WATCHDOG=1``, unless :attr:`hold` gives a reason not to (a ``hold`` that raises
+        does not: a broken check must not get a working tunerd restarted over and over)."""
+        if self.watchdog_interval is None:
+            return False
+        try:
+            self.withheld = self.hold() if self.hold is not None else None
+        except Exception:
+            self.withheld = None
+        return self.withheld is None and self.send(WATCHDOG=1)
 
     def reloading(self) -> bool:
         return self.send(RELOADING=1, MONOTONIC_USEC=time.monotonic_ns() // 1000)

@@ -5,7 +5,8 @@ read it). ``GET /status`` → DESIGN §4.8's JSON (``tunerd status`` is its clie
 
 The server only hands out the latest status the daemon published (after each tick and each
 restart step): it never reads the daemon's state itself, so it needs no lock and a slow
-client never slows the loop.
+client never slows the loop. A connection idle for 10 s is closed, so silent clients cannot
+pile up threads.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # a client that connects and then sends nothing (or keeps an idle connection) frees its
+    # thread after this long
+    timeout = 10.0
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the daemon logs what matters; a status poll is not an event

@@ -1,6 +1,8 @@
 """`tunerd run` under a stand-in for systemd's notify socket: a datagram socket this test owns
 and passes as NOTIFY_SOCKET, with WATCHDOG_USEC as WatchdogSec=2 would set it. The engine is
-the simulator (real processes on loopback)."""
+the simulator (real processes on loopback). And the daemon in-process with its loop frozen
+(the tick stuck reading the clock): the watchdog pings stop while sampling goes on, and come
+back when the loop moves again."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.integration.sim_daemon import kill_recorded_engine, sim_config
+from tests.integration.sim_daemon import kill_recorded_engine, running, sim_config, sim_daemon
+from tunerd.clock import SystemClock
 
 pytestmark = pytest.mark.slow
 
@@ -85,3 +90,58 @@ def test_ready_then_watchdog_pings_at_half_the_timeout_then_stopping_on_sigterm(
             tunerd.kill()
         sock.close()
         kill_recorded_engine(tmp_path / "state")
+
+
+def _pings(sock: socket.socket, seconds: float) -> list[float]:
+    arrived = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if sock.recv(4096) == b"WATCHDOG=1":
+                arrived.append(time.monotonic())
+        except TimeoutError:
+            break
+    return arrived
+
+
+def test_a_frozen_loop_silences_the_watchdog_while_sampling_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU sampler fed the watchdog whatever the loop did: a tick stuck for minutes was
+    never restarted by systemd. Now a loop job late past its interval by ``stall_margin``
+    withholds WATCHDOG=1."""
+    notify = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify))
+    monkeypatch.setenv("WATCHDOG_USEC", "1000000")  # WatchdogSec=1: a ping every 0.5 s
+    moving = threading.Event()
+    moving.set()
+
+    def wall() -> float:  # the loop's clock: the tick's now() waits here while the loop is frozen
+        moving.wait(60)
+        return time.time()
+
+    said: list[dict[str, Any]] = []
+    daemon = sim_daemon(tmp_path, clock=SystemClock(wall=wall), said=said)
+    daemon.stall_margin = 1.0  # the tick's interval (2 s) and 1 s: stalled 3 s after its last end
+    try:
+        with running(daemon):
+            assert len(_pings(sock, 2.0)) >= 2
+            moving.clear()  # the next tick freezes
+            deadline = time.monotonic() + 8
+            while not any(e["event"] == "watchdog_withheld" for e in said) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            withheld = next(e for e in said if e["event"] == "watchdog_withheld")
+            assert "tick" in withheld["reason"]
+            _pings(sock, 0.3)  # one already on its way
+            samples = daemon.sampler.samples
+            assert _pings(sock, 2.0) == []  # systemd would restart tunerd now
+            assert daemon.sampler.samples > samples  # though the sampler samples on
+            moving.set()
+            assert len(_pings(sock, 3.0)) >= 2  # the loop moves again: so do the pings
+            assert any(e["event"] == "watchdog_resumed" for e in said)
+    finally:
+        moving.set()
+        sock.close()

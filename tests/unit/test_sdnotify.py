@@ -1,5 +1,6 @@
 """systemd's notify protocol against a real unix datagram socket (the receiving end systemd
-holds), and the sampler's watchdog: pings while it samples, none once a read hangs."""
+holds), and the sampler's watchdog: pings while it samples, none once a read hangs — and none
+while a hold says why (a loop job stalled past its interval), though sampling goes on."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from tunerd.gpu import OK, GpuReading
 from tunerd.sampler import Sampler
-from tunerd.scheduler import Jobs
+from tunerd.scheduler import LOOP, Jobs
 from tunerd.sdnotify import Notifier
 
 
@@ -181,3 +182,60 @@ def test_a_receiver_that_never_reads_costs_messages_not_a_frozen_loop(tmp_path: 
     finally:
         deaf.close()
         notifier.close()
+
+
+def test_a_hold_withholds_the_ping_and_a_hold_that_raises_does_not(
+    receiver: tuple[str, socket.socket],
+) -> None:
+    path, sock = receiver
+    notifier = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
+    why: list[str | None] = ["the loop is stuck"]
+    notifier.hold = lambda: why[0]
+    assert notifier.watchdog() is False
+    assert notifier.withheld == "the loop is stuck"
+    why[0] = None
+    assert notifier.watchdog() is True
+    assert sock.recv(4096) == b"WATCHDOG=1"
+
+    def broken() -> str | None:
+        raise RuntimeError("a bug in the check")
+
+    notifier.hold = broken  # a broken check must not get a working tunerd restarted
+    assert notifier.watchdog() is True
+    assert sock.recv(4096) == b"WATCHDOG=1"
+    notifier.close()
+
+
+def test_pings_stop_while_a_loop_job_is_stalled_though_sampling_goes_on(
+    receiver: tuple[str, socket.socket],
+) -> None:
+    """Before the hold, the sampler fed the watchdog whatever the loop did: a tick stuck for
+    minutes (a /metrics page trickling in) never got tunerd restarted."""
+    path, sock = receiver
+    notifier = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
+    sampler = Sampler(HangingGpu(), interval=1.0, notifier=notifier)
+    jobs = Jobs(on_error=lambda *failed: None)
+    notifier.hold = lambda: ", ".join(jobs.stalled(margin=0.3)) or None
+    frozen = threading.Event()
+    release = threading.Event()
+
+    def tick() -> None:
+        if frozen.is_set():
+            release.wait(30)
+
+    jobs.every("tick", 0.1, tick, LOOP)
+    sampler.schedule(jobs)
+    try:
+        assert len(_pings(sock, 1.0)) >= 3  # the loop moves: pings
+        frozen.set()
+        time.sleep(0.8)  # its interval and margin pass; a ping already on its way may land
+        _pings(sock, 0.01)
+        samples = sampler.samples
+        assert _pings(sock, 1.0) == []  # stalled: no pings, systemd would restart tunerd
+        assert sampler.samples > samples  # while sampling goes on
+        assert notifier.withheld == "tick"
+        release.set()
+        assert len(_pings(sock, 1.0)) >= 2  # it moves again: pings again
+    finally:
+        release.set()
+        jobs.shutdown()

@@ -20,6 +20,7 @@ from tunerd.commands import summary
 from tunerd.commands.common import EXIT_OK, Parser, UsageError
 from tunerd.commands.history import add_state_arguments, state_dir_of
 from tunerd.paths import DEFAULT_CONFIG, RUN_DIR
+from tunerd.sources.http import DeadlineExceeded, ResponseTooLarge, exchange
 from tunerd.status import render
 from tunerd.yamlfile import YamlError, load_yaml
 
@@ -59,29 +60,55 @@ def socket_of(args: argparse.Namespace) -> Path:
     return Path(state_dir_of(args)) / "tunerd.sock"
 
 
+STATUS_MAX_BYTES = 16 << 20  # the status of many engines is tens of KiB
+_WAKE_MAX_BYTES = 64 << 10
+
+
 def fetch(path: Path, timeout: float = 10.0) -> dict[str, Any]:
+    """The daemon's status from its socket, all of it within ``timeout`` seconds and
+    :data:`STATUS_MAX_BYTES`; :class:`UsageError` saying why otherwise."""
     if not path.exists():
         raise UsageError(f"no status socket at {path}: is tunerd running? (systemctl status tunerd)")
-    transport = httpx.HTTPTransport(uds=str(path))
     try:
-        with httpx.Client(transport=transport, timeout=timeout) as client:
-            response = client.get("http://tunerd/status")
-    except httpx.HTTPError as error:
+        reply = exchange(
+            "GET",
+            "http://tunerd/status",
+            deadline=timeout,
+            max_bytes=STATUS_MAX_BYTES,
+            transport=httpx.HTTPTransport(uds=str(path)),
+        )
+    except DeadlineExceeded:
+        raise UsageError(f"tunerd did not answer on {path} within {timeout:g} s") from None
+    except (httpx.HTTPError, ResponseTooLarge) as error:
         raise UsageError(f"tunerd did not answer on {path}: {type(error).__name__}: {error}") from None
-    if response.status_code != 200:
-        raise UsageError(f"tunerd answered {response.status_code}: {response.text.strip()}")
-    return dict(response.json())
+    text = reply.body.decode("utf-8", "replace")
+    if reply.status != 200:
+        raise UsageError(f"tunerd answered {reply.status}: {text.strip()[:500]}")
+    try:
+        status = json.loads(text)
+    except (ValueError, RecursionError):
+        status = None
+    if not isinstance(status, dict):
+        raise UsageError(f"tunerd on {path} answered something that is not a status: {text[:100]!r}")
+    return status
 
 
 def wake(path: Path) -> bool:
-    """Ask the daemon on ``path`` to look at its state now; False when none answers."""
+    """Ask the daemon on ``path`` to look at its state now; False when none answers (within
+    5 s)."""
     if not path.exists():
         return False
     try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=5.0) as client:
-            return client.post("http://tunerd/wake").status_code == 202
-    except httpx.HTTPError:
+        reply = exchange(
+            "POST",
+            "http://tunerd/wake",
+            deadline=5.0,
+            max_bytes=_WAKE_MAX_BYTES,
+            transport=httpx.HTTPTransport(uds=str(path)),
+        )
+    except (httpx.HTTPError, OSError, ResponseTooLarge):
         return False
+    return reply.status == 202
 
 
 def add_socket_argument(parser: argparse.ArgumentParser) -> None:
