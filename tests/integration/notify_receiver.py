@@ -1,7 +1,8 @@
 """A local HTTP receiver on loopback that plays each chat service for the notify tests: it
 answers as the service does (Feishu's ``code`` and DingTalk's ``errcode`` in an HTTP 200,
-Slack's plain ``ok``, Discord's 204…), or as told — a status, a body, a ``Retry-After``, a delay
-— and records every request it got."""
+Slack's plain ``ok``, Discord's 204…), or as told — a status, a body, a ``Retry-After``, a delay,
+a body sent a byte at a time (``drip``) or not at all after the headers (``stall``) — and records
+every request it got."""
 
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ class Answer:
     status: int
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
-    delay: float = 0.0
+    delay: float = 0.0  # before anything is sent
+    drip: float = 0.0  # the body one byte at a time, this many seconds apart
+    stall: float = 0.0  # after the headers, before the body
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(answer.body)))
             self.end_headers()
-            self.wfile.write(answer.body)
+            self.wfile.flush()
+            if answer.stall:
+                self.server.release.wait(answer.stall)
+            if not answer.drip:
+                self.wfile.write(answer.body)
+            for byte in answer.body if answer.drip else b"":
+                if self.server.release.wait(answer.drip):
+                    break
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
         except OSError:
             pass  # the client gave up (a timeout test)
 

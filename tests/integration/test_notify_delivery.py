@@ -2,7 +2,9 @@
 success, HTTP 5xx, 429 with its hint, an error code inside HTTP 200, timeouts, a refused
 connection — each ends delivered after retries or in the dead-letter file, as documented; rate
 limits hold under a burst; a hanging sink blocks nothing; no secret reaches a log line or the
-dead-letter file."""
+dead-letter file. A reply trickled a byte at a time is given up at the send's deadline, and a
+hostile reply (a code of the wrong type, a wait of centuries) or a URL httpx refuses never ends
+a sender: every alert ends delivered or dead-lettered with the reason."""
 
 from __future__ import annotations
 
@@ -160,7 +162,7 @@ def test_a_timeout_is_retried(tmp_path: Path) -> None:
         while not run.events("notify_sent") and time.monotonic() < deadline:
             time.sleep(0.02)
         run.dispatcher.close()
-    assert run.events("notify_retry")[0]["reason"] == "no answer within 0.5 s"
+    assert run.events("notify_retry")[0]["reason"] == "no complete answer within 0.5 s"
     assert run.events("notify_sent")
 
 
@@ -323,3 +325,107 @@ def test_alertmanager_gets_a_firing_alert_again_until_it_resolves(tmp_path: Path
     assert {p["startsAt"] for p in posted} == {posted[0]["startsAt"]}  # one alert, sent again
     assert all(p["endsAt"] > p["startsAt"] for p in posted[:-1])  # firing: held ahead
     assert posted[-1]["endsAt"] < posted[-2]["endsAt"]  # resolved: ended now
+
+
+def wait_until(check: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := check()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return result
+
+
+@pytest.mark.parametrize("slow", [Answer(200, b'{"ok":true}' * 20, drip=0.5), Answer(200, b"{}", stall=30.0)])
+def test_a_receiver_that_trickles_its_reply_is_given_up_at_the_deadline_and_later_alerts_flow(
+    tmp_path: Path, slow: Answer
+) -> None:
+    """A reply of 220 bytes at one byte per 0.5 s satisfied every per-read timeout for almost
+    two minutes and held the sender; the send's deadline (2 s here) ends it, the message is
+    tried again, and the alerts after it go out."""
+    with receiver("webhook") as service:
+        service.answer(slow)
+        run = Run(tmp_path, Target("ops", "webhook", service.url), timeout=2.0)
+        started = time.monotonic()
+        run.dispatcher.submit(alert(1))
+        assert wait_until(lambda: run.events("notify_sent"), timeout=10)
+        took = time.monotonic() - started
+        run.dispatcher.submit(alert(2))
+        assert wait_until(lambda: len(run.events("notify_sent")) == 2, timeout=10)
+        run.dispatcher.close()
+    assert took < 8, took  # the deadline and a backoff, not the trickle's two minutes
+    [retry] = run.events("notify_retry")
+    assert retry["reason"] == "no complete answer within 2 s"
+    assert [g.json()["alerts"][0]["title"] for g in service.got] == [
+        "kv-pool-saturated #1",
+        "kv-pool-saturated #1",
+        "kv-pool-saturated #2",
+    ]
+    assert run.dead() == []
+
+
+def test_a_reply_code_of_the_wrong_type_is_an_unknown_reply_not_a_dead_sender(tmp_path: Path) -> None:
+    """``{"errcode":[1]}`` raised TypeError (unhashable list) in the sender's thread: the alert
+    vanished and every later one waited until tunerd stopped."""
+    with receiver("dingtalk") as service:
+        service.answer(Answer(200, b'{"errcode":[1],"errmsg":{"a":1e999}}'))
+        run = Run(tmp_path, Target("dt", "dingtalk", service.url))
+        run.dispatcher.submit(alert(1))
+        assert wait_until(lambda: run.events("notify_sent"))
+        run.dispatcher.submit(alert(2))
+        assert wait_until(lambda: len(run.events("notify_sent")) == 2)
+        run.dispatcher.close()
+    assert run.events("notify_retry")[0]["reason"].startswith("HTTP 200 with an unknown reply")
+    assert run.dead() == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "hint"),
+    [
+        ("slack", Answer(429, b"rate_limited", {"Retry-After": "99999999999"})),
+        ("discord", Answer(429, b'{"message":"slow down","retry_after":1e300}')),
+    ],
+)
+def test_a_wait_of_centuries_is_clamped_to_an_hour_and_the_alert_is_kept(
+    tmp_path: Path, kind: str, hint: Answer
+) -> None:
+    """``Retry-After: 99999999999`` and Discord's ``retry_after: 1e300`` raised OverflowError in
+    the lane's wait: the thread died with the alert. Clamped to an hour, the lane waits; at stop
+    the alert and the one behind it are in the dead-letter file with why."""
+    with receiver(kind) as service:
+        service.answer(hint)
+        run = Run(tmp_path, Target("ops", kind, service.url))
+        run.dispatcher.submit(alert(1))
+        assert wait_until(lambda: run.events("notify_retry"))
+        run.dispatcher.submit(alert(2))
+        time.sleep(0.2)
+        assert run.dispatcher.lanes["ops"].thread.is_alive()  # type: ignore[union-attr]
+        run.dispatcher.close(timeout=1.0)
+    [retry] = run.events("notify_retry")
+    assert 3600 * 0.99 <= retry["wait"] <= 3600 * 1.2  # the service's wish, at most an hour
+    titles = {a["title"]: record["reason"] for record in run.dead() for a in record["alerts"]}
+    assert titles["kv-pool-saturated #1"].startswith("tunerd stopped; last try: HTTP")
+    assert titles["kv-pool-saturated #2"] == "tunerd stopped before it could be sent"
+    assert len(service.got) == 1
+
+
+def test_a_wait_that_is_not_a_number_is_no_wait(tmp_path: Path) -> None:
+    with receiver("webhook") as service:
+        service.answer(Answer(503, b"", {"Retry-After": "NaN"}), Answer(429, b"", {"Retry-After": "-5"}))
+        run = Run(tmp_path, Target("ops", "webhook", service.url))
+        run.dispatcher.submit(alert(1))
+        assert wait_until(lambda: run.events("notify_sent"))
+        run.dispatcher.close()
+    assert [retry["wait"] < 1 for retry in run.events("notify_retry")] == [True, True]  # the backoff
+
+
+def test_a_url_httpx_refuses_dead_letters_each_alert_with_why_and_the_sender_goes_on(tmp_path: Path) -> None:
+    """``httpx.InvalidURL`` is no ``httpx.HTTPError``: it ended the sender's thread."""
+    run = Run(tmp_path, Target("bad", "webhook", "http://[::1/hook-token-123456"))
+    run.dispatcher.submit(alert(1))
+    assert wait_until(lambda: len(run.dead()) == 1)
+    run.dispatcher.submit(alert(2))
+    assert wait_until(lambda: len(run.dead()) == 2)  # the sender is alive: not at stop
+    run.dispatcher.close()
+    reasons = [record["reason"] for record in run.dead()]
+    assert all(reason.startswith("the URL cannot be used: InvalidURL") for reason in reasons), reasons
+    assert [record["attempts"] for record in run.dead()] == [1, 1]
+    assert "hook-token-123456" not in run.dead_letter.read_text()

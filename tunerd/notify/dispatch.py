@@ -18,7 +18,13 @@ thread of its own, so a sink that hangs delays only itself. A lane:
   Alertmanager (which expires what is not re-sent) until they resolve;
 - on :meth:`close`, whatever could not be sent in time is written to the dead-letter file;
 - holds at most ``max_waiting`` distinct conditions waiting: a flood beyond that goes to the
-  dead-letter file at once, so memory stays bounded and nothing is dropped unsaid.
+  dead-letter file at once, so memory stays bounded and nothing is dropped unsaid;
+- never dies: each POST has a total deadline (``timeout``, connect to the last byte) and reads
+  at most :data:`REPLY_MAX_BYTES` of the reply (:func:`tunerd.sources.http.exchange`); a reply
+  parser never raises (:mod:`tunerd.notify.sink`); and anything that still raises while a
+  batch is being sent — a URL httpx refuses, a bug — ends with that batch in the dead-letter
+  file with the reason, and the lane goes on with the next. Every alert ends delivered or
+  dead-lettered.
 
 No URL and no secret is ever logged or written: a reply or an error that quotes them has
 them replaced by ``[redacted]``.
@@ -26,6 +32,7 @@ them replaced by ``[redacted]``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -40,19 +47,25 @@ import httpx
 
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.notify.alert import Alert, iso, severity_at_least
-from tunerd.notify.sink import Outcome, Rate, Request, SinkModule, Target
+from tunerd.notify.sink import Outcome, Rate, Request, SinkModule, Target, wait_seconds
 from tunerd.notify.sinks import alertmanager, module
+from tunerd.sources.http import DeadlineExceeded, ResponseTooLarge, exchange
 
-__all__ = ["DEAD_LETTER", "Delivery", "Dispatcher", "redactor", "send"]
+__all__ = ["DEAD_LETTER", "REPLY_MAX_BYTES", "Delivery", "Dispatcher", "redactor", "send"]
 
 DEAD_LETTER = "notify-dead-letter.jsonl"
+REPLY_MAX_BYTES = 64 << 10  # a service's reply is a few hundred bytes
 _MAX_BATCH = 50  # alerts in one digest message
+_LONGEST_WAIT = 3600.0  # a lane looks again at least this often, whatever it waits for
 
 
 def redactor(target: Target) -> Callable[[str], str]:
     """Replaces the sink's URL (and its path and query, where tokens live) and its secret."""
-    parts = urlsplit(target.url)
-    needles = [target.url, parts.path, parts.query, target.secret or ""]
+    try:
+        parts = urlsplit(target.url)
+        needles = [target.url, parts.path, parts.query, target.secret or ""]
+    except ValueError:  # a URL that does not even split: all of it is the needle
+        needles = [target.url, target.secret or ""]
     needles = sorted({needle for needle in needles if len(needle) >= 6}, key=len, reverse=True)
 
     def redact(text: str) -> str:
@@ -72,6 +85,16 @@ class Delivery:
     retries: int = 0
     dead_alerts: int = 0
     last_error: str | None = None
+
+
+@dataclass
+class _Sending:
+    """A lane thread's own: the batch it is sending and its tries."""
+
+    resend_at: float
+    batch: list[Alert] = field(default_factory=list)
+    attempt: int = 0
+    not_before: float = 0.0
 
 
 @dataclass
@@ -198,83 +221,121 @@ class Dispatcher:
 
     # -- a lane's thread ----------------------------------------------------------------------
     def _work(self, lane: _Lane) -> None:
-        attempt = 0
-        batch: list[Alert] = []
-        not_before = 0.0
-        resend_at = self.clock.monotonic() + self.resend
+        sending = _Sending(resend_at=self.clock.monotonic() + self.resend)
         while True:
-            with self._lock:
-                while True:
-                    now = self.clock.monotonic()
-                    self._release_held(lane, now)
-                    if lane.module is alertmanager and now >= resend_at:
-                        resend_at = now + self.resend
-                        for fingerprint, alert in lane.firing.items():
-                            lane.pending.setdefault((fingerprint, "firing"), alert)
-                    if lane.abandoned.is_set():
-                        return
-                    if self._closing and (attempt or not (lane.pending or batch)):
-                        if batch:  # a batch waiting for its next try: no time left for it
-                            self._dead(
-                                lane, batch, f"tunerd stopped; last try: {lane.delivery.last_error}", attempt
-                            )
-                        return  # close() dead-letters what is still pending
-                    wait = self._wait(lane, now, not_before, bool(batch or lane.pending))
-                    if wait <= 0:
-                        break
-                    if lane.module is alertmanager and lane.firing:
-                        wait = min(wait, max(0.0, resend_at - now))
-                    self._lock.wait(wait if wait != float("inf") else None)
-                taken = sorted(lane.pending.values(), key=lambda alert: alert.time)[: _MAX_BATCH - len(batch)]
-                for alert in taken:
-                    del lane.pending[(alert.fingerprint, alert.status)]
-                batch = _merge_into(batch, taken)
-                lane.sends.append(now)
-                lane.in_flight = batch
-            outcome = self._send(lane, batch)
-            with self._lock:
-                lane.in_flight = []
-                if lane.abandoned.is_set():
+            try:
+                if not self._turn(lane, sending):
                     return
-            now = self.clock.monotonic()
-            if outcome.ok:
-                with self._lock:
-                    for alert in batch:
-                        lane.last_sent[(alert.fingerprint, alert.status)] = now
-                    lane.delivery.sent_messages += 1
-                    lane.delivery.sent_alerts += sum(alert.count for alert in batch)
-                self.say(
-                    "notify_sent",
-                    sink=lane.target.name,
-                    alerts=sum(a.count for a in batch),
-                    messages=1,
-                    attempt=attempt + 1,
-                )
-                batch, attempt, not_before = [], 0, 0.0
-                continue
-            attempt += 1
-            lane.delivery.last_error = outcome.detail
-            if outcome.kind == "permanent" or attempt >= self.max_attempts:
-                why = (
-                    outcome.detail
-                    if outcome.kind == "permanent"
-                    else f"gave up after {attempt} tries: {outcome.detail}"
-                )
-                with self._lock:
-                    self._dead(lane, batch, why, attempt)
-                batch, attempt, not_before = [], 0, 0.0
-                continue
-            backoff = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
-            delay = max(backoff, outcome.retry_after or 0.0)
-            lane.delivery.retries += 1
-            self.say(
-                "notify_retry",
+            except Exception as error:  # a bug, or something no one foresaw: never the thread's end
+                if not self._survive(lane, sending, error):
+                    return
+
+    def _turn(self, lane: _Lane, sending: _Sending) -> bool:
+        """Wait until the lane may send, send one message, file what came of it; False when
+        the lane is done (tunerd stops)."""
+        with self._lock:
+            while True:
+                now = self.clock.monotonic()
+                self._release_held(lane, now)
+                if lane.module is alertmanager and now >= sending.resend_at:
+                    sending.resend_at = now + self.resend
+                    for fingerprint, alert in lane.firing.items():
+                        lane.pending.setdefault((fingerprint, "firing"), alert)
+                if lane.abandoned.is_set():
+                    return False
+                if self._closing and (sending.attempt or not (lane.pending or sending.batch)):
+                    if sending.batch:  # a batch waiting for its next try: no time left for it
+                        self._dead(
+                            lane,
+                            sending.batch,
+                            f"tunerd stopped; last try: {lane.delivery.last_error}",
+                            sending.attempt,
+                        )
+                        sending.batch = []
+                    return False  # close() dead-letters what is still pending
+                wait = self._wait(lane, now, sending.not_before, bool(sending.batch or lane.pending))
+                if wait <= 0:
+                    break
+                if lane.module is alertmanager and lane.firing:
+                    wait = min(wait, max(0.0, sending.resend_at - now))
+                self._lock.wait(min(wait, _LONGEST_WAIT))
+            taken = sorted(lane.pending.values(), key=lambda alert: alert.time)[
+                : _MAX_BATCH - len(sending.batch)
+            ]
+            for alert in taken:
+                del lane.pending[(alert.fingerprint, alert.status)]
+            sending.batch = _merge_into(sending.batch, taken)
+            lane.sends.append(now)
+            lane.in_flight = sending.batch
+        batch = sending.batch
+        outcome = self._send(lane, batch)
+        with self._lock:
+            lane.in_flight = []
+            if lane.abandoned.is_set():
+                return False
+        now = self.clock.monotonic()
+        if outcome.ok:
+            with self._lock:
+                for alert in batch:
+                    lane.last_sent[(alert.fingerprint, alert.status)] = now
+                lane.delivery.sent_messages += 1
+                lane.delivery.sent_alerts += sum(alert.count for alert in batch)
+            attempt = sending.attempt
+            sending.batch, sending.attempt, sending.not_before = [], 0, 0.0
+            self._say(
+                "notify_sent",
                 sink=lane.target.name,
-                reason=outcome.detail,
-                attempt=attempt,
-                wait=round(delay, 2),
+                alerts=sum(a.count for a in batch),
+                messages=1,
+                attempt=attempt + 1,
             )
-            not_before = now + delay
+            return True
+        sending.attempt += 1
+        attempt = sending.attempt
+        lane.delivery.last_error = outcome.detail
+        if outcome.kind == "permanent" or attempt >= self.max_attempts:
+            why = (
+                outcome.detail
+                if outcome.kind == "permanent"
+                else f"gave up after {attempt} tries: {outcome.detail}"
+            )
+            with self._lock:
+                self._dead(lane, batch, why, attempt)
+            sending.batch, sending.attempt, sending.not_before = [], 0, 0.0
+            return True
+        backoff = min(self.backoff_max, self.backoff_base * 2.0 ** min(attempt - 1, 64)) * random.uniform(
+            0.8, 1.2
+        )
+        delay = max(backoff, wait_seconds(outcome.retry_after) or 0.0)
+        lane.delivery.retries += 1
+        self._say(
+            "notify_retry",
+            sink=lane.target.name,
+            reason=outcome.detail,
+            attempt=attempt,
+            wait=round(delay, 2),
+        )
+        sending.not_before = now + delay
+        return True
+
+    def _survive(self, lane: _Lane, sending: _Sending, error: Exception) -> bool:
+        """After ``error`` escaped a turn: the batch being sent goes to the dead-letter file
+        with the reason, and the lane goes on (False: it is to end)."""
+        why = f"tunerd failed while sending: {type(error).__name__}: {error}"
+        with self._lock:
+            lost = sending.batch or lane.in_flight
+            lane.in_flight = []
+            attempts = sending.attempt + 1
+            sending.batch, sending.attempt, sending.not_before = [], 0, 0.0
+            lane.delivery.last_error = redactor(lane.target)(why)
+            if lane.abandoned.is_set():
+                return False  # close() wrote the batch down already
+            if lost:
+                self._dead(lane, lost, why, attempts)
+            if not self._closing:
+                self._lock.wait(1.0)  # a fault that repeats costs a look a second, not a core
+        self._say("notify_error", sink=lane.target.name, reason=redactor(lane.target)(why))
+        return True
 
     def _wait(self, lane: _Lane, now: float, not_before: float, work: bool) -> float:
         """Seconds until the lane may send (inf: nothing to send)."""
@@ -297,8 +358,13 @@ class Dispatcher:
     def _send(self, lane: _Lane, batch: list[Alert]) -> Outcome:
         return send(lane.target, batch, self.clock.now(), self.timeout)
 
+    def _say(self, event: str, **fields: object) -> None:
+        """Say it; a logger that raises never takes a lane down."""
+        with contextlib.suppress(Exception):
+            self.say(event, **fields)
+
     def _dead(self, lane: _Lane, alerts: Sequence[Alert], why: str, attempts: int) -> None:
-        """Append the alerts to the dead-letter file (the caller holds the lock)."""
+        """Append the alerts to the dead-letter file (the caller holds the lock); never raises."""
         count = sum(alert.count for alert in alerts)
         lane.delivery.dead_alerts += count
         record = {
@@ -313,36 +379,52 @@ class Dispatcher:
             with self._dead_lock:
                 self.dead_letter.parent.mkdir(parents=True, exist_ok=True)
                 with self.dead_letter.open("a") as out:
-                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    out.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
                     out.flush()
                     os.fsync(out.fileno())
-        except OSError as error:  # not even the file: say it, with the alerts' titles
-            self.say(
+        except (OSError, ValueError, TypeError, RecursionError) as error:  # not even the file: say it
+            self._say(
                 "notify_dead_letter_failed",
                 sink=lane.target.name,
                 reason=str(error),
                 titles=[alert.title for alert in alerts],
             )
-        self.say("notify_dead_letter", sink=lane.target.name, reason=record["reason"], alerts=count)
+        self._say("notify_dead_letter", sink=lane.target.name, reason=record["reason"], alerts=count)
 
     def deliveries(self) -> dict[str, Delivery]:
         return {name: replace(lane.delivery) for name, lane in self.lanes.items()}
 
 
 def send(target: Target, alerts: Sequence[Alert], now: float, timeout: float = 10.0) -> Outcome:
-    """One POST of ``alerts`` to ``target`` and what its reply means; no URL or secret in the
-    outcome's detail."""
-    sink = module(target.kind)
+    """One POST of ``alerts`` to ``target`` — all of it within ``timeout`` seconds, at most
+    :data:`REPLY_MAX_BYTES` of reply read — and what its reply means. Never raises: what
+    cannot be sent at all (a URL httpx refuses, a message that cannot be built) is refused for
+    good, with why. No URL or secret in the outcome's detail."""
     try:
+        sink = module(target.kind)
         request: Request = sink.build(alerts, target, now)
-        with httpx.Client(timeout=timeout) as client:
-            reply = client.post(request.url, content=request.body, headers=dict(request.headers))
-        outcome = sink.classify(reply.status_code, reply.headers, reply.content)
-    except httpx.TimeoutException:
-        outcome = Outcome("retry", f"no answer within {timeout:g} s")
+        reply = exchange(
+            "POST",
+            request.url,
+            deadline=timeout,
+            max_bytes=REPLY_MAX_BYTES,
+            content=request.body,
+            headers=request.headers,
+        )
+        outcome = sink.classify(reply.status, reply.headers, reply.body)
+    except (httpx.TimeoutException, DeadlineExceeded):
+        outcome = Outcome("retry", f"no complete answer within {timeout:g} s")
+    except ResponseTooLarge as error:
+        outcome = Outcome("retry", f"a reply too large: {error}")
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as error:
+        outcome = Outcome("permanent", f"the URL cannot be used: {type(error).__name__}: {error}")
     except httpx.HTTPError as error:
         outcome = Outcome("retry", f"{type(error).__name__}: {error}")
-    return replace(outcome, detail=redactor(target)(outcome.detail))
+    except Exception as error:  # a bug in building or reading: said, and this message dead-lettered
+        outcome = Outcome("permanent", f"could not be sent: {type(error).__name__}: {error}")
+    return replace(
+        outcome, detail=redactor(target)(outcome.detail)[:1000], retry_after=wait_seconds(outcome.retry_after)
+    )
 
 
 def _merged(older: Alert, newer: Alert) -> Alert:

@@ -19,6 +19,8 @@ from tunerd.notify.sink import (
     json_body,
     json_reply,
     retry_after_seconds,
+    short,
+    wait_seconds,
 )
 
 KIND = "discord"
@@ -55,7 +57,9 @@ def classify(status: int, headers: Mapping[str, str], body: bytes) -> Outcome:
     if status == 429:
         reply = json_reply(body) or {}
         waits = [
-            w for w in (retry_after_seconds(headers), reply.get("retry_after")) if isinstance(w, (int, float))
+            w for w in (retry_after_seconds(headers), wait_seconds(reply.get("retry_after"))) if w is not None
         ]
-        return Outcome("retry", f"HTTP 429 {reply.get('message', '')}".strip(), max(waits) if waits else None)
+        return Outcome(
+            "retry", f"HTTP 429 {short(reply.get('message', ''))}".strip(), max(waits, default=None)
+        )
     return http_outcome(status, headers, body)

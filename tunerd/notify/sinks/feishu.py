@@ -16,7 +16,19 @@ import hmac
 from collections.abc import Mapping, Sequence
 
 from tunerd.notify.alert import Alert, markdown, render_many
-from tunerd.notify.sink import Outcome, Rate, Request, Target, http_outcome, json_body, json_reply, utf8_cut
+from tunerd.notify.sink import (
+    Outcome,
+    Rate,
+    Request,
+    Target,
+    http_outcome,
+    int_code,
+    json_body,
+    json_reply,
+    short,
+    unknown_reply,
+    utf8_cut,
+)
 
 KIND = "feishu"
 RATE = Rate(5, 1.0)  # and 100 a minute: 5 a second is the one a burst meets first
@@ -53,12 +65,12 @@ def classify(status: int, headers: Mapping[str, str], body: bytes) -> Outcome:
     if status != 200:
         return http_outcome(status, headers, body)
     reply = json_reply(body)
-    code = reply.get("code", reply.get("StatusCode")) if reply else None
-    if code is None:
-        return Outcome("retry", f"HTTP 200 with an unknown reply: {body[:100]!r}")
+    code = int_code(reply, "code", "StatusCode")
+    if reply is None or code is None:
+        return unknown_reply(status, body)
     if code == 0:
         return Outcome("ok", "code 0")
-    detail = f"code {code}: {reply.get('msg', '') if reply else ''}"
-    return Outcome(
-        "retry" if code in _RETRY_CODES else "permanent", detail, 1.0 if code in _RETRY_CODES else None
-    )
+    detail = f"code {short(code)}: {short(reply.get('msg', ''))}"
+    if code in _RETRY_CODES:
+        return Outcome("retry", detail, 1.0)
+    return Outcome("permanent", detail)
