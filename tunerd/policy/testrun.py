@@ -334,9 +334,8 @@ def _check_file(data: Any) -> list[Problem]:
         problems.append(Problem(("tests",), "expected a list of tests"))
         return problems
     for index, test in enumerate(tests):
-        found = _check_test(test, ("tests", index))
-        problems += found
-        if not found and not problems and evaluations(test, parse_duration(interval)) > MAX_SAMPLES:
+        problems += _check_test(test, ("tests", index))
+        if not problems and evaluations(test, parse_duration(interval)) > MAX_SAMPLES:
             problems.append(
                 Problem(
                     ("tests", index), f"runs for more than {MAX_SAMPLES:,} evaluations: use a longer interval"
