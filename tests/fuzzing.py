@@ -37,11 +37,13 @@ def fuzz_settings(scale: float = 1.0) -> settings:
 
 # Text that trips number parsers, encodings and line splitting: the shapes the adversarial pass
 # used (``1.2.3``, ``1e400``, superscript digits, NUL, a lone surrogate-free oddity, huge runs).
+# fmt: off
 NASTY = [
     "1.2.3", ".", ",", "-", "+", "1e400", "-1e400", "nan", "NaN", "inf", "-inf", "²", "٣", "１",
     "\x00", "\r", "\t", "\u2028", "\ufeff", "9" * 400, "0x1F", "1_000", "1,234,567", "−5", "",
     "'", '"', "{", "}", "[", "]", "#", ":", "&a", "*a", "!!python/object", "%", "\\",
 ]
+# fmt: on
 
 
 @st.composite
