@@ -67,7 +67,7 @@ from tunerd.status_server import StatusServer
 from tunerd.store import Event, Store, retention_capacity
 from tunerd.units import GIB
 
-__all__ = ["Daemon", "EngineLoop"]
+__all__ = ["Daemon", "EngineLoop", "secret_names"]
 
 DEFAULT_METRICS = "127.0.0.1:9464"
 #: config parts a reload cannot change under running engines: tunerd must restart for them
@@ -91,6 +91,13 @@ def _guards(config: Config) -> GuardConfig:
         on_exhausted=config.guards.on_exhausted,
         settle=config.guards.settle,
     )
+
+
+def secret_names(config: Config) -> frozenset[str]:
+    """The variables ``config`` names as holding secrets — each notify sink's ``url_env`` (its
+    URL carries a token) and ``secret_env`` — whatever their names: kept out of the engines' and
+    hooks' environment (with every ``TUNERD_*``) and redacted from tunerd's log."""
+    return frozenset(name for sink in config.notify for name in (sink.url_env, sink.secret_env) if name)
 
 
 def _bytes(gib: float | None) -> int | None:
@@ -196,6 +203,7 @@ class Daemon:
             stopping=self._stop.is_set,
         )
         supervisor.mode = self.mode
+        supervisor.secret_names = secret_names(self.config)
         return EngineLoop(engine, supervisor, client, new_states(self.policies), now)
 
     def _on_step(self, engine: str, step: str) -> None:
@@ -588,6 +596,8 @@ class Daemon:
             }
             loop.supervisor.guards = guards
             loop.supervisor.mode = self.mode
+            loop.supervisor.secret_names = secret_names(self.config)  # the next spawn's, the next hook's
+        logs.redact_also(secret_names(self.config))
         self.say(
             "reloaded",
             policies=[policy.name for policy in policies],

@@ -8,8 +8,10 @@ it stops. SIGTERM or Ctrl-C stop tunerd and leave the engines serving; the next 
 adopts them. SIGHUP (or ``systemctl reload tunerd``) reloads the config and policies between
 two ticks — all or nothing: a bad file keeps the running ones and says why
 (:meth:`Daemon.reload`). It serves ``tunerd status`` on a unix socket and its own /metrics, and
-sends alerts to the ``notify:`` sinks (docs/notify.md). Exit 0 when stopped, 2 for a bad config,
-1 when ticks kept failing (systemd then starts a clean one).
+sends alerts to the ``notify:`` sinks (docs/notify.md); the variables the config names as
+secrets are redacted from the log and kept from the engines and hooks (docs/security.md).
+Exit 0 when stopped, 2 for a bad config, 1 when ticks kept failing (systemd then starts a
+clean one).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tunerd import logs
 from tunerd.commands import summary
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
 from tunerd.commands.config import load_or_usage_error
-from tunerd.daemon import Daemon
+from tunerd.daemon import Daemon, secret_names
 from tunerd.paths import DEFAULT_CONFIG
 from tunerd.policy.schema import PolicyError
 from tunerd.state import StateError
@@ -53,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     logs.configure()
     config = load_or_usage_error(args.config)
+    logs.redact_also(secret_names(config))  # url_env/secret_env may name any variable
     try:
         daemon = Daemon(config)
     except (PolicyError, StateError, ValueError) as error:

@@ -305,6 +305,19 @@ class Supervisor:
         #: the mode in force (the daemon keeps it current): what history records for the
         #: supervision tunerd does in every mode — first starts, crash restarts
         self.mode: Mode = Mode.ACT
+        self._secret_names: frozenset[str] = frozenset()
+
+    @property
+    def secret_names(self) -> frozenset[str]:
+        """The variables the config names as secrets (the daemon keeps them current): kept out
+        of the hooks' environment and, in supervise mode, of the engine's."""
+        return self._secret_names
+
+    @secret_names.setter
+    def secret_names(self, names: frozenset[str]) -> None:
+        self._secret_names = frozenset(names)
+        if isinstance(self.runner, ProcessRunner):
+            self.runner.secret_names = self._secret_names
 
     # -- queries ---------------------------------------------------------------------------
     def running_settings(self) -> dict[str, Any] | None:
@@ -673,6 +686,7 @@ class Supervisor:
                     "TUNERD_HOOK": hook,
                 },
                 clock=self.clock,
+                secret_names=self.secret_names,  # with TUNERD_*: never in a hook's environment
             )
             phase.detail = f"{hook} hook running"
         result = phase.hook.poll()
