@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunerd.paths import private_dir, private_fd
+
 __all__ = [
     "ACTION_KINDS",
     "OUTCOMES",
@@ -252,8 +254,11 @@ class HostLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            private_dir(self.path.parent)
+            fd = private_fd(self.path, os.O_RDWR)
+        except OSError as error:
+            raise StateError(f"{self.path}: {error.strerror or error}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -291,7 +296,10 @@ class State:
                     self._db.close()  # the daemon has created the file, not yet its tables
                     raise StateError(f"{self.path}: no state yet")
             else:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # created 0600 in a 0700 folder before SQLite opens it: its -wal and -shm files
+                # take the database's mode
+                private_dir(self.path.parent)
+                os.close(private_fd(self.path, os.O_RDONLY))
                 # the daemon opens it at start-up and its loop thread uses it from then on
                 # (tunerd.scheduler); never two threads at once, so sqlite3's check is relaxed
                 self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -303,6 +311,8 @@ class State:
             self._db.row_factory = sqlite3.Row
         except sqlite3.Error as error:
             raise StateError(f"{self.path}: {error}") from None
+        except OSError as error:  # the folder or the file is not ours to read or write
+            raise StateError(f"{self.path}: {error.strerror or error}") from None
 
     def _add_columns(self) -> None:
         """Columns a database written by an older tunerd lacks (SQLite adds them in place)."""

@@ -49,6 +49,7 @@ from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.notify.alert import Alert, iso, severity_at_least
 from tunerd.notify.sink import Outcome, Rate, Request, SinkModule, Target, wait_seconds
 from tunerd.notify.sinks import alertmanager, module
+from tunerd.paths import open_private, private_dir
 from tunerd.sources.http import DeadlineExceeded, ResponseTooLarge, exchange
 
 __all__ = ["DEAD_LETTER", "REPLY_MAX_BYTES", "Delivery", "Dispatcher", "redactor", "send"]
@@ -377,8 +378,8 @@ class Dispatcher:
         }
         try:
             with self._dead_lock:
-                self.dead_letter.parent.mkdir(parents=True, exist_ok=True)
-                with self.dead_letter.open("a") as out:
+                private_dir(self.dead_letter.parent)
+                with open_private(self.dead_letter, "a", encoding="utf-8") as out:  # 0600: alert texts
                     out.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
                     out.flush()
                     os.fsync(out.fileno())
