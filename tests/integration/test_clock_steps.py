@@ -5,6 +5,8 @@ one: on the wall clock, every tick after the step failed and tunerd stopped itse
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -72,5 +74,37 @@ def test_a_backward_step_buys_no_restart_and_stops_no_tick(tmp_path: Path) -> No
         assert all("budget" in reason for reason in refused), refused
         times = [datetime.fromisoformat(row["time"]).timestamp() for row in daemon.state.history(limit=50)]
         assert max(times) <= daemon.clock.now()  # nothing recorded "in the future" of tunerd's now
+    finally:
+        close_daemon(daemon, kill=True)
+
+
+def test_a_forward_step_is_followed_and_stops_no_tick(tmp_path: Path) -> None:
+    """The wall clock jumps a day ahead (a box whose clock was wrong until NTP answered): the
+    ticks go on, the engine serves on untouched, and what tunerd records after the step — here
+    the restart of an engine that crashed — carries the corrected time."""
+    wall = SteppedWall()
+    daemon = sim_daemon(tmp_path, clock=SystemClock(wall=wall))
+    try:
+        started(daemon)
+        record = daemon.state.engine("main")
+        assert record is not None
+        ticks = daemon.ticks
+        wall.step = 86400.0
+        for _ in range(2):
+            daemon._tick_job()  # what the tick job runs: tick, publish, count
+        assert daemon.ticks == ticks + 2
+        assert daemon.troubles() == []
+        assert daemon.state.engine("main") == record  # untouched: same PID, generation, settings
+        os.killpg(record.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        deadline = time.monotonic() + 30
+        while len(daemon.state.history(limit=20)) < 2 or daemon.in_flight():
+            assert time.monotonic() < deadline, daemon.in_flight()
+            ticked(daemon)
+            time.sleep(0.1)
+        crash, first = daemon.state.history(limit=20)
+        assert (crash["kind"], crash["outcome"]) == ("restart", "succeeded"), crash
+        stamped = datetime.fromisoformat(crash["time"]).timestamp()
+        assert stamped >= time.time() + 86400 - 60  # after the step: the corrected time
+        assert datetime.fromisoformat(first["time"]).timestamp() < time.time()
     finally:
         close_daemon(daemon, kill=True)

@@ -203,6 +203,35 @@ def test_tunerd_killed_at_each_step_of_a_crash_restart(world: tuple[Path, int]) 
     assert len(restarts) == 5  # the first start and one per crash: none lost, none doubled
 
 
+def test_tunerd_killed_at_each_step_of_a_tuned_restart(world: tuple[Path, int]) -> None:
+    """A restart with new settings (what a policy's tune begins); tunerd is killed at each step
+    in turn. Killed with only the intent written (the old engine still serves, nothing stopped),
+    the next tunerd lets it go: skipped, the old settings serve on, the policy may ask again.
+    Killed at any later step — stopping (the drain), starting, right after the spawn,
+    verifying, probation — the next tunerd finishes it: the engine serves the new settings and
+    the action succeeded. The settings alternate, so every round is a real change."""
+    tmp_path, port = world
+    settings = [BEFORE, {**BEFORE, "max_num_seqs": 4}]
+    serving = 0
+    for step in ("intent", "stopping", "starting", "spawned", "verifying", "probation"):
+        target = 1 - serving
+        _killed_tunerd(tmp_path, port, step, "restart", settings[target])
+        _next_tunerd(tmp_path, port)
+        if step != "intent":
+            serving = target
+        history = _assert_after_fault(tmp_path, port, settings[serving])
+        tune = history[0]
+        assert tune["kind"] == "tune", (step, tune)
+        assert tune["to_settings"] == settings[target], (step, tune)
+        if step == "intent":
+            assert tune["outcome"] == "skipped", (step, tune)
+            assert not tune["evidence"].get("starts"), (step, tune)  # nothing was started
+        else:
+            assert tune["outcome"] == "succeeded", (step, tune)
+            assert len(tune["evidence"]["starts"]) == 1, (step, tune["evidence"]["starts"])
+    assert [a["kind"] for a in history].count("tune") == 6  # one per round: none lost, none doubled
+
+
 def test_tunerd_killed_at_each_step_of_a_rollback(world: tuple[Path, int]) -> None:
     """A restart with settings that cannot start turns into its rollback; tunerd is killed at
     each step of the rollback in turn — as it turns (its intent retargeted), starting, right
