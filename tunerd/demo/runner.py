@@ -31,6 +31,7 @@ from tunerd.demo.story import Story, Verdict, clock_text, settings_text
 from tunerd.planner.gpus import gpu_profile
 from tunerd.sources.vllm_metrics import parse as parse_metrics
 from tunerd.state import State, StateError
+from tunerd.yamlfile import load_yaml
 
 __all__ = ["DemoOptions", "DemoResult", "run_demo", "write_report"]
 
@@ -98,7 +99,7 @@ def _policies(options: DemoOptions) -> tuple[Path, list[str]]:
     scenario = options.scenario
     if not scenario.policy_modes:
         return options.policies, []
-    document = yaml.safe_load(options.policies.read_text(encoding="utf-8"))
+    document = load_yaml(options.policies).data  # the one loader: no aliases, located errors
     said = []
     for policy in document["policies"]:
         mode = scenario.policy_modes.get(policy["name"])
@@ -265,7 +266,7 @@ def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) ->
     url = f"http://127.0.0.1:{port}"
     policies, overrides = _policies(options)
     config = _config(options, port, policies)
-    names = ", ".join(p["name"] for p in yaml.safe_load(policies.read_text(encoding="utf-8"))["policies"])
+    names = ", ".join(p["name"] for p in load_yaml(policies).data["policies"])
     say(story.say("title", scenario=scenario.name, what=scenario.title[options.language]), stamp=False)
     say(
         story.say(
