@@ -450,3 +450,46 @@ def test_a_state_disk_that_fills_after_the_old_engine_stopped(world: tuple[Path,
     assert "state_trouble_over" in events
     alerts = [(e["policy"], e["status"]) for e in said if e["event"] == "alert"]
     assert alerts == [("state-unwritable", "firing"), ("state-unwritable", "resolved")]
+
+
+def test_an_unexpected_error_in_a_step_pages_shows_and_the_engine_serves_on(world: tuple[Path, int]) -> None:
+    """Not the state but a bug (or systemctl gone) raises inside a step of a running daemon's
+    restart — the spawn of the new settings. The step fails, not the loop: the restart turns
+    into its rollback, which starts last-known-good; the history says why, `tunerd status`
+    shows it, a critical alert goes out, and the ticks never stopped."""
+    tmp_path, port = world
+    said: list[dict[str, Any]] = []
+    daemon = sim_daemon(tmp_path, port, guards=GUARDS, top=TOP, said=said)
+    loop = daemon.engines[0]
+    try:
+        started(daemon)
+        runner = loop.supervisor.runner
+        real = runner.start
+        broke: list[object] = []
+
+        def start(argv: Any) -> Any:
+            if not broke:  # the first spawn only: the rollback's goes through
+                broke.append(argv)
+                raise RuntimeError("the runner broke")
+            return real(argv)
+
+        runner.start = start  # type: ignore[method-assign]
+        ticks = daemon.ticks
+        fewer = {**BEFORE, "max_num_seqs": 4}
+        assert loop.supervisor.begin_restart(fewer, reason="fault test: a bug in a step") is None
+        _until(daemon, lambda: broke and not daemon.in_flight() and loop.healthy)
+        assert daemon.ticks > ticks
+        history = _assert_after_fault(tmp_path, port, BEFORE)
+        tune = history[0]
+        assert (tune["kind"], tune["outcome"]) == ("tune", "rolled_back"), tune
+        assert "starting failed: RuntimeError: the runner broke" in tune["reason"]
+        [engine] = daemon.status()["engines"]
+        changes = [a for a in engine["last_actions"] if a["kind"] != "notify"]
+        assert (changes[0]["id"], changes[0]["outcome"]) == (tune["id"], "rolled_back")
+        notes = [a["reason"] for a in engine["last_actions"] if a["kind"] == "notify"]
+        assert any(note.startswith("critical firing") for note in notes), notes
+        assert engine["state"] == "running"
+    finally:
+        daemon.close()
+    alerts = [(e["severity"], e["status"]) for e in said if e["event"] == "alert"]
+    assert ("critical", "firing") in alerts, said
