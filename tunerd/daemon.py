@@ -156,6 +156,7 @@ class Daemon:
         #: the next tick, a reconcile's with backoff; a saga's own are its supervisor's trouble
         self.state_troubles: dict[tuple[str, str], StateTrouble] = {}
         self._trouble_alert: Alert | None = None  # the state-unwritable alert in force
+        self._gpu_alert: Alert | None = None  # the gpu-source-degraded alert in force
         self._hold_due: dict[str, ActionPlan] = {}  # a plan's hold the state refused to record
         self.exporter: Exporter | None = None
         self.reload_requested = threading.Event()  # SIGHUP sets it; the loop reloads between ticks
@@ -258,7 +259,7 @@ class Daemon:
         age = self.sampler.age()
         latest = self.sampler.latest
         reading = latest if latest is not None and age is not None and age <= ROOM_READING_AGE_S else None
-        gpus = (reading or self.gpu.sample()).gpus
+        gpus = (reading or self.sampler.read()).gpus
         return gpu_room(engine_gpus(gpus, engine.gpus), settings)
 
     def _spec(self, engine: EngineConfig) -> EngineSpec:
@@ -378,6 +379,7 @@ class Daemon:
             raise  # the scheduler hands it to _job_failed, which logs it
         finally:
             self._state_health()
+            self._gpu_health()
         self._tick_failures = 0
         self._tick_when_due()
         self._schedule_sagas()  # a restart this tick began needs the job
@@ -538,7 +540,14 @@ class Daemon:
         troubles = [
             {"engine": engine, **trouble.to_dict(now, monotonic)} for engine, trouble in self.troubles()
         ]
-        return status_document(mode=self.mode, now=now, gpus=gpus, engines=engines, state_trouble=troubles)
+        return status_document(
+            mode=self.mode,
+            now=now,
+            gpus=gpus,
+            engines=engines,
+            state_trouble=troubles,
+            gpu_source=self.sampler.health().to_dict(),
+        )
 
     def _startup_figures(self, loop: EngineLoop) -> LogDiagnosis | None:
         """The running engine's start-up figures (weights, KV pool) from its log, read once per
@@ -719,7 +728,7 @@ class Daemon:
             self.clock.sync()  # until the simulator first answers (tunerd may be starting it)
         now = self.clock.now()
         latest = self.sampler.latest if self.jobs is not None else None
-        reading = latest if latest is not None else self.gpu.sample()
+        reading = latest if latest is not None else self.sampler.read()
         failed = [
             loop.name
             for loop in self.engines
@@ -793,6 +802,35 @@ class Daemon:
             self.say("state_trouble_over", engine=alert.engine)
             self._send_alert(
                 Outgoing(alert.resolved(now, "writes to the state go through again"), None, self.mode)
+            )
+
+    def _gpu_health(self) -> None:
+        """One alert (``gpu-source-degraded``) when the GPU source has failed long enough —
+        tunerd goes on supervising, blind to GPU memory — resolved when readings come back."""
+        health = self.sampler.health()
+        now = self.clock.now()
+        if health.degraded and self._gpu_alert is None:
+            lacks = f"; the driver lacks {health.unsupported}" if health.unsupported else ""
+            outgoing = engine_alert(
+                self.engines[0].name if self.engines else "-",
+                "gpu-source-degraded",
+                severity="warning",
+                title=f"tunerd cannot read the GPU ({health.source})",
+                summary=f"{health.failures_in_a_row} readings in a row failed: {health.error}{lacks}; "
+                "engines are still supervised (crashes restarted) but GPU memory is not watched",
+                host=self.host,
+                now=now,
+                mode=self.mode,
+                undo=None,
+            )
+            self._gpu_alert = outgoing.alert
+            self.say("gpu_source_degraded", source=health.source, error=health.error)
+            self._send_alert(outgoing)
+        elif health.state == "ok" and self._gpu_alert is not None:
+            alert, self._gpu_alert = self._gpu_alert, None
+            self.say("gpu_source_recovered", source=health.source)
+            self._send_alert(
+                Outgoing(alert.resolved(now, "GPU readings come through again"), None, self.mode)
             )
 
     def _record_signals(

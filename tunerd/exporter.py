@@ -13,6 +13,7 @@ in front, plus:
 - ``tunerd_actions_total{engine, policy, kind, outcome}`` from the history;
 - ``tunerd_restarts_in_window``, ``tunerd_restart_budget_left``, ``tunerd_engine_held``;
 - ``tunerd_sampling_lag_seconds`` (age of the newest GPU reading),
+  ``tunerd_gpu_source_up{source}`` and ``tunerd_gpu_read_failures_total{source}``,
   ``tunerd_scrape_errors_total{engine}``;
 - ``tunerd_jobs_skipped_total{job}`` (a run that fell due while the previous one still ran: a
   tick held by a restart) and ``tunerd_job_errors_total{job}``.
@@ -116,6 +117,19 @@ class TunerdCollector(Collector):
         for engine, count in sorted(view.scrape_errors.items()):
             errors.add_metric([engine], float(count))
         yield errors
+        source = view.status.get("gpu_source")
+        if source:
+            up = GaugeMetricFamily(
+                "tunerd_gpu_source_up",
+                "1 while the GPU source's readings come through, 0 while they fail",
+                labels=["source"],
+            )
+            up.add_metric([source["source"]], 1.0 if source["state"] == "ok" else 0.0)
+            failures = CounterMetricFamily(
+                "tunerd_gpu_read_failures", "GPU readings that failed since tunerd started", labels=["source"]
+            )
+            failures.add_metric([source["source"]], float(source.get("failures_total") or 0))
+            yield from (up, failures)
         if view.sampling_lag_seconds is not None:
             lag = GaugeMetricFamily("tunerd_sampling_lag_seconds", "age of the newest GPU reading")
             lag.add_metric([], view.sampling_lag_seconds)

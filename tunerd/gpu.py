@@ -15,11 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "BOTH",
+    "COMPUTE",
     "DRIVER_GONE",
     "ERROR",
+    "GRAPHICS",
     "LIBRARY_MISSING",
     "NO_GPU",
     "OK",
+    "PROCESS_KINDS",
     "GpuEvent",
     "GpuProcess",
     "GpuReading",
@@ -41,14 +45,22 @@ class GpuUnavailable(Exception):
     """No GPU can be read: no driver, no library, no device. The message is one clear line."""
 
 
+#: What a process does on the GPU, as the driver lists it (nvidia-smi's C, G and C+G).
+COMPUTE = "compute"  # CUDA: an engine, a notebook
+GRAPHICS = "graphics"  # a display client: Xorg, a compositor, a browser
+BOTH = "compute+graphics"
+PROCESS_KINDS = (COMPUTE, GRAPHICS, BOTH)
+
+
 @dataclass(frozen=True)
 class GpuProcess:
     pid: int
     name: str | None
     used_bytes: int | None
+    kind: str | None = None  # one of PROCESS_KINDS; None where the backend cannot tell
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "name": self.name, "used_bytes": self.used_bytes}
+        return {"pid": self.pid, "name": self.name, "used_bytes": self.used_bytes, "kind": self.kind}
 
 
 @dataclass(frozen=True)
@@ -69,8 +81,21 @@ class GpuSample:
     status: str = OK  # ok | gpu_lost | mig | error: this GPU's own state
     error: str | None = None
 
+    @property
+    def unattributed_bytes(self) -> int | None:
+        """Used memory no listed process accounts for (``used`` − the processes' sum, at
+        least 0): processes of another PID namespace, a list the driver keeps short, the
+        driver's reservation where it cannot be separated (NVML memory info v1). None when
+        the list or a usage is unknown."""
+        if self.memory_used_bytes is None or self.processes is None:
+            return None
+        listed = [process.used_bytes for process in self.processes]
+        if any(used is None for used in listed):
+            return None
+        return max(0, self.memory_used_bytes - sum(used for used in listed if used is not None))
+
     def to_dict(self) -> dict[str, Any]:
-        """DESIGN §4.3's GPU object (plus ``status`` and ``error``)."""
+        """DESIGN §4.3's GPU object (plus ``status``, ``error`` and ``unattributed_bytes``)."""
         return {
             "index": self.index,
             "uuid": self.uuid,
@@ -81,6 +106,7 @@ class GpuSample:
             "memory_reserved_bytes": self.memory_reserved_bytes,
             "utilization_ratio": self.utilization_ratio,
             "processes": None if self.processes is None else [p.to_dict() for p in self.processes],
+            "unattributed_bytes": self.unattributed_bytes,
             "status": self.status,
             "error": self.error,
         }
@@ -158,11 +184,16 @@ def reading_from_dict(data: Mapping[str, Any], source: str) -> GpuReading:
         for item in raw.get("processes") or []:
             if not isinstance(item, Mapping) or _optional_int(item.get("pid"), "pid") is None:
                 raise ValueError(f"gpus[{position}].processes: each needs an integer 'pid'")
+            kind = item.get("kind")
+            if kind is not None and kind not in PROCESS_KINDS:
+                kinds = ", ".join(PROCESS_KINDS)
+                raise ValueError(f"gpus[{position}].processes: 'kind' must be one of {kinds}")
             processes.append(
                 GpuProcess(
                     pid=int(item["pid"]),
                     name=str(item["name"]) if item.get("name") is not None else None,
                     used_bytes=_optional_int(item.get("used_bytes"), "used_bytes"),
+                    kind=kind,
                 )
             )
         index = _optional_int(raw.get("index"), "index")

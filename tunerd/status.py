@@ -149,14 +149,18 @@ def status_document(
     gpus: Iterable[GpuSample],
     engines: Sequence[Mapping[str, Any]],
     state_trouble: Sequence[Mapping[str, Any]] = (),
+    gpu_source: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole of ``tunerd status --json``: the mode, the GPUs, each engine — and
     ``state_trouble``: each write the state refuses now (which engine, what for, why, since
-    when, the tries, the next), empty while it takes them."""
+    when, the tries, the next), empty while it takes them; ``gpu_source``: how the GPU
+    source is doing (``state`` ok, failing or degraded, the failures, the latest error, the
+    calls the driver lacks)."""
     return {
         "mode": str(mode),
         "time": now,
         "state_trouble": [dict(trouble) for trouble in state_trouble],
+        "gpu_source": dict(gpu_source) if gpu_source is not None else None,
         "gpus": [
             {
                 "index": gpu.index,
@@ -285,6 +289,19 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
     lines = [f"tunerd — mode {status.get('mode', '?')} — {_when(status.get('time'))}"]
     for trouble in status.get("state_trouble") or []:
         lines += _wrap("STATE  ", _trouble(trouble, status.get("time")))
+    source = status.get("gpu_source") or {}
+    if source.get("state") in ("failing", "degraded"):
+        lines += _wrap(
+            "GPU    ",
+            [
+                f"source {source.get('source', '?')} {source['state']}: "
+                f"{source.get('failures_in_a_row', '?')} readings in a row failed"
+                + (f" since {_when(source.get('since'))}" if source.get("since") else ""),
+                str(source.get("error") or "no detail"),
+            ],
+        )
+    if source.get("unsupported"):
+        lines += _wrap("GPU    ", [f"not available from this driver or GPU: {source['unsupported']}"])
     gpus: Sequence[Mapping[str, Any]] = status.get("gpus") or []
     if not gpus:
         lines.append("GPU    none read (gpu source: none, or the driver did not answer)")

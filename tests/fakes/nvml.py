@@ -14,7 +14,21 @@ Faithful where tunerd looks, checked against nvidia-ml-py 13.615.71's ``pynvml.p
   ``_nvmlGetFunctionPointer`` does;
 - ``nvmlInit`` without libnvidia-ml.so.1 raises LibraryNotFound (seen on this machine: the
   real pynvml, no driver); calls before ``nvmlInit`` raise Uninitialized;
-- ``nvmlEventSetWait`` raises Timeout when nothing happened within ``timeoutms``.
+- ``nvmlEventSetWait`` raises Timeout when nothing happened within ``timeoutms``;
+- older drivers (``FakeNvml(lacks=...)``: the C functions the driver's libnvidia-ml.so.1 does
+  not export) as nvidia-ml-py 13 meets them: a versioned wrapper whose symbol is missing raises
+  FunctionNotFound (``_nvmlGetFunctionPointer``), and the unversioned
+  ``nvmlDeviceGetComputeRunningProcesses`` / ``...GraphicsRunningProcesses`` — which call
+  ``_v3`` under ``throwOnVersionMismatch`` — raise ``NVMLLibraryMismatchError``, a plain
+  ``Exception``. Drivers before R450 have no ``_v2`` (pynvml#43: ``undefined symbol:
+  nvmlDeviceGetComputeRunningProcesses_v2`` on 430 and 440; NVIDIA/k8s-device-plugin#331), and
+  ``_v3`` came with R510/R515 (DataDog/integrations-extras#2159); the original call with the
+  v1 struct (``pid``, ``usedGpuMemory``) every driver exports, through
+  ``_nvmlGetFunctionPointer``: C calling convention (count by reference, ``None`` or an
+  array; NVML_ERROR_INSUFFICIENT_SIZE with the count when it does not fit);
+- graphics clients (Xorg, a compositor, a browser) are in the *graphics* list only, a process
+  that is both in both lists with the same usage (what nvidia-smi shows as ``C+G``); memory no
+  listed process holds (``other_used_bytes``) is in ``used`` but in no list.
 
 A scenario sets devices and failures; tests flip them between polls.
 """
@@ -51,6 +65,7 @@ class FakeProcess:
     pid: int
     used_bytes: int | None
     name: str = "python3"
+    kind: str = "compute"  # "compute", "graphics" (Xorg, a compositor) or "compute+graphics"
 
 
 @dataclass
@@ -92,8 +107,16 @@ class FakeNvml:
     nvmlMemory_v2 = nvmlMemory_v2
     nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
 
-    def __init__(self, devices: list[FakeDevice] | None = None) -> None:
+    NVML_SUCCESS = pynvml.NVML_SUCCESS
+    NVML_ERROR_INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
+
+    def __init__(self, devices: list[FakeDevice] | None = None, *, lacks: set[str] | None = None) -> None:
         self.devices = devices if devices is not None else []
+        #: C functions this driver's libnvidia-ml.so.1 does not export (an older driver)
+        self.lacks = set(lacks or ())
+        #: a function whose every call fails with this NVML error code (a failing field)
+        self.failing: dict[str, int] = {}
         self.library_present = True
         self.driver_loaded = True
         self.initialized = 0  # nvmlInit is reference-counted
@@ -110,13 +133,18 @@ class FakeNvml:
                 self._event_sets[set_id].put((index, xid))
 
     # -- internals ---------------------------------------------------------------------
-    def _call(self, name: str) -> None:
+    def _call(self, name: str, symbol: str | None = None) -> None:
+        """Bookkeeping of a call to ``name`` whose C function is ``symbol`` (default: the same)."""
         with self._lock:
             self.calls.append(name)
         if not self.initialized:
             raise NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        if (symbol or name) in self.lacks:  # as _nvmlGetFunctionPointer does
+            raise NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if not self.driver_loaded:
             raise NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        if name in self.failing:
+            raise NVMLError(self.failing[name])
 
     def _device(self, handle: _Handle) -> FakeDevice:
         device = self.devices[handle.index]
@@ -176,7 +204,7 @@ class FakeNvml:
             memory.used = device.used_bytes + device.reserved_bytes  # v1 counts the reservation
             memory.free = device.total_bytes - memory.used
             return memory
-        if not device.supports_v2:
+        if not device.supports_v2 or "nvmlDeviceGetMemoryInfo_v2" in self.lacks:
             raise NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         memory2 = c_nvmlMemory_v2_t()
         memory2.version = version
@@ -196,14 +224,17 @@ class FakeNvml:
         rates.memory = 0
         return rates
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
-        self._call("nvmlDeviceGetComputeRunningProcesses")
+    def _listed(self, handle: _Handle, kind: str) -> list[FakeProcess]:
         device = self._device(handle)
         if not device.processes_readable:
             raise NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
-        result = []
-        for process in device.processes:
-            info = nvmlFriendlyObject(
+        return [process for process in device.processes if kind in process.kind.split("+")]
+
+    def _friendly(self, processes: list[FakeProcess]) -> list[Any]:
+        """What nvidia-ml-py's _v2/_v3 wrappers return: friendly objects of the v2 struct, with
+        ``usedGpuMemory`` None where the driver says NVML_VALUE_NOT_AVAILABLE."""
+        return [
+            nvmlFriendlyObject(
                 {
                     "pid": process.pid,
                     "usedGpuMemory": process.used_bytes,
@@ -211,8 +242,76 @@ class FakeNvml:
                     "computeInstanceId": 0xFFFFFFFF,
                 }
             )
-            result.append(info)
+            for process in processes
+        ]
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: _Handle) -> list[Any]:
+        self._call("nvmlDeviceGetComputeRunningProcesses_v3")
+        return self._friendly(self._listed(handle, "compute"))
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: _Handle) -> list[Any]:
+        self._call("nvmlDeviceGetComputeRunningProcesses_v2")
+        return self._friendly(self._listed(handle, "compute"))
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: _Handle) -> list[Any]:
+        self._call("nvmlDeviceGetGraphicsRunningProcesses_v3")
+        return self._friendly(self._listed(handle, "graphics"))
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: _Handle) -> list[Any]:
+        self._call("nvmlDeviceGetGraphicsRunningProcesses_v2")
+        return self._friendly(self._listed(handle, "graphics"))
+
+    def _mismatch(self, versioned: Any, handle: _Handle) -> list[Any]:
+        """nvidia-ml-py 13's unversioned call: ``_v3`` under ``throwOnVersionMismatch``."""
+        try:
+            result: list[Any] = versioned(handle)
+        except pynvml.NVMLError_FunctionNotFound:
+            raise pynvml.NVMLLibraryMismatchError(
+                "Unversioned function called and the pyNVML version does not match the NVML lib "
+                "version. Either use matching pyNVML and NVML lib versions or use a versioned "
+                "function such as nvmlDeviceGetComputeRunningProcesses_v2"
+            ) from None
         return result
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
+        return self._mismatch(self.nvmlDeviceGetComputeRunningProcesses_v3, handle)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Any]:
+        return self._mismatch(self.nvmlDeviceGetGraphicsRunningProcesses_v3, handle)
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        """A C function of the library, called the C way (the original process calls, v1)."""
+        if not self.initialized:
+            raise NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        if name in self.lacks:
+            raise NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        kinds = {
+            "nvmlDeviceGetComputeRunningProcesses": "compute",
+            "nvmlDeviceGetGraphicsRunningProcesses": "graphics",
+        }
+        if name not in kinds:
+            raise NotImplementedError(f"the fake has no C function {name}")
+
+        def function(handle: _Handle, count: Any, infos: Any) -> int:
+            """``nvmlReturn_t fn(nvmlDevice_t, unsigned int *infoCount, nvmlProcessInfo_v1_t *)``."""
+            try:
+                self._call(name)
+                listed = self._listed(handle, kinds[name])
+            except NVMLError as error:
+                return int(error.value)
+            room = count._obj.value  # byref(c_uint): the array's length going in
+            count._obj.value = len(listed)
+            if not listed:
+                return pynvml.NVML_SUCCESS
+            if infos is None or room < len(listed):
+                return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+            for slot, process in zip(infos, listed, strict=False):
+                slot.pid = process.pid
+                used = process.used_bytes
+                slot.usedGpuMemory = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if used is None else used
+            return pynvml.NVML_SUCCESS
+
+        return function
 
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         self._call("nvmlSystemGetProcessName")

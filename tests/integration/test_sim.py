@@ -508,8 +508,14 @@ def test_sim_gpu_is_the_inspect_gpu_object(tmp_path: Path) -> None:
         "memory_reserved_bytes",
         "utilization_ratio",
         "processes",
+        "unattributed_bytes",
     }
     assert seen["memory_total_bytes"] == raw["gpus"][0]["memory_total_bytes"] == 24564 * 1024**2
+    # a desktop card's display server, listed as a real driver lists it: a graphics client
+    kinds = {process["name"]: process["kind"] for process in raw["gpus"][0]["processes"]}
+    assert kinds == {"python3": "compute", "Xorg": "graphics"}
+    assert seen["processes"] == raw["gpus"][0]["processes"]
+    assert raw["gpus"][0]["unattributed_bytes"] == 0
     assert raw["gpus"][0]["memory_reserved_bytes"] == (24564 - 24084) * 1024**2
     assert clock["time_scale"] == float(SCALE)
     assert isinstance(raw["time"], float)

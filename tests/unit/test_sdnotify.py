@@ -12,12 +12,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
 
+from tunerd.clock import SystemClock
 from tunerd.gpu import OK, GpuReading
 from tunerd.sampler import Sampler
 from tunerd.scheduler import LOOP, Jobs
 from tunerd.sdnotify import Notifier
+from tunerd.sources.gpu import NoGpuSource
 
 
 @pytest.fixture
@@ -239,3 +242,71 @@ def test_pings_stop_while_a_loop_job_is_stalled_though_sampling_goes_on(
     finally:
         release.set()
         jobs.shutdown()
+
+
+class MismatchedGpu:
+    """A source whose reads raise what nvidia-ml-py 13 raises on a driver without
+    ``nvmlDeviceGetComputeRunningProcesses_v3``: NVMLLibraryMismatchError, a plain Exception
+    (what the NVML backend let out before issue 17) — until ``fixed``."""
+
+    name = "nvml"
+
+    def __init__(self) -> None:
+        self.fixed = False
+
+    def sample(self) -> GpuReading:
+        if not self.fixed:
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
+        return GpuReading(source=self.name, status=OK)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_source_that_keeps_failing_is_degraded_and_the_watchdog_still_fed(
+    receiver: tuple[str, socket.socket],
+) -> None:
+    """Each read comes back (with an exception): not a hang, so systemd keeps getting its ping
+    and does not restart tunerd over and over. The source is failing, then degraded once it
+    has failed for 30 s and 8 readings; one good reading makes it ok again."""
+    path, sock = receiver
+    now = [100.0]
+    clock = SystemClock(wall=lambda: 1.7e9 + now[0], monotonic=lambda: now[0])
+    gpu = MismatchedGpu()
+    sampler = Sampler(gpu, 0.25, Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"}), clock=clock)
+    jobs = Jobs(on_error=lambda *failed: None)
+    try:
+        sampler.schedule(jobs)  # its first read raised out of the daemon's start before
+    finally:
+        jobs.shutdown()
+    assert sock.recv(4096) == b"WATCHDOG=1"
+    for _ in range(8):
+        now[0] += 0.25
+        sampler.sample_once()
+        assert sock.recv(4096) == b"WATCHDOG=1"
+    health = sampler.health()
+    assert (health.state, health.failures_in_a_row) == ("failing", 9)
+    assert "NVMLLibraryMismatchError" in (health.error or "")
+    assert sampler.latest is not None
+    assert sampler.latest.status == "error"
+    now[0] += 30
+    sampler.sample_once()
+    assert sampler.health().degraded
+    assert sampler.health().since == pytest.approx(1.7e9 + 100.0)
+    gpu.fixed = True
+    now[0] += 0.25
+    sampler.sample_once()
+    health = sampler.health()
+    assert (health.state, health.failures_in_a_row, health.failures_total, health.since) == (
+        "ok",
+        0,
+        10,
+        None,
+    )
+
+
+def test_the_none_source_is_not_a_failing_one() -> None:
+    sampler = Sampler(NoGpuSource(), 0.25)
+    for _ in range(20):
+        sampler.sample_once()
+    assert sampler.health().state == "ok"

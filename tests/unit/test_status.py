@@ -205,4 +205,4 @@ def test_the_json_keeps_its_fields_and_adds_the_state_trouble() -> None:
     assert engine["stuck"] is None
     document = status_document(mode=Mode.ACT, now=1.0, gpus=(), engines=[engine])
     assert document["state_trouble"] == []
-    assert set(document) == {"mode", "time", "gpus", "engines", "state_trouble"}
+    assert set(document) == {"mode", "time", "gpus", "engines", "state_trouble", "gpu_source"}

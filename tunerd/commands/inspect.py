@@ -259,6 +259,9 @@ def _run_gpu(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_KIND_MARK = {"compute": "C", "graphics": "G", "compute+graphics": "C+G"}  # as nvidia-smi marks them
+
+
 def _gpu_text(reading: GpuReading) -> str:
     lines = []
     for gpu in reading.gpus:
@@ -275,5 +278,12 @@ def _gpu_text(reading: GpuReading) -> str:
             lines.append("  processes: cannot be read (no permission, or another PID namespace)")
         for process in gpu.processes or ():
             size = format_size(process.used_bytes) if process.used_bytes is not None else "-"
-            lines.append(f"  pid {process.pid:<8} {size:>11}  {process.name or '?'}")
+            mark = _KIND_MARK.get(process.kind or "", "?")
+            lines.append(f"  pid {process.pid:<8} {mark:<3} {size:>11}  {process.name or '?'}")
+        unattributed = gpu.unattributed_bytes
+        if unattributed is not None:
+            lines.append(f"  unattributed {format_size(unattributed):>11}  (held by no listed process)")
+    lacking = reading.details.get("unsupported")
+    if lacking:
+        lines.append(f"not available from this driver or GPU: {lacking}")
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ import sys
 
 from tunerd.commands import summary
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int, utilization
+from tunerd.gpu import GRAPHICS
 from tunerd.planner.bills import KV_DTYPE_WORDS, WEIGHT_FORMATS
 from tunerd.planner.gpus import GPU_PROFILES, custom_gpu, gpu_profile
 from tunerd.planner.shapes import ModelShape, builtin_model, load_model_config, shape_from_config
@@ -216,7 +217,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         if args.sim_display is not None
         else (parse_size(DISPLAY_NEIGHBOUR) if profile.consumer else 0)
     )
-    neighbours = [Neighbour(NEIGHBOUR_PID_BASE, "Xorg", display)] if display else []
+    neighbours = [Neighbour(NEIGHBOUR_PID_BASE, "Xorg", display, kind=GRAPHICS)] if display else []
     for offset, (size, start, growth, name) in enumerate(args.sim_neighbor, start=1):
         neighbours.append(
             Neighbour(NEIGHBOUR_PID_BASE + offset, name or f"neighbour-{offset}", size, start, growth)

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from tunerd.gpu import GpuProcess, GpuSample
+from tunerd.gpu import COMPUTE, GpuProcess, GpuSample
 from tunerd.planner.bills import (
     BLOCK_SIZE,
     KvPool,
@@ -112,6 +112,9 @@ class Neighbour:
     size: int
     start: float = 0.0
     growth_bytes_per_s: float = 0.0
+    #: how the driver lists it: a desktop's display server is a graphics client, in NVML's
+    #: graphics list and not its compute one (nvidia-smi's type G)
+    kind: str = COMPUTE
 
     def wanted(self, now: float) -> int:
         if now < self.start:
@@ -358,10 +361,10 @@ class SimEngine:
 
     def processes(self, now: float) -> list[GpuProcess]:
         mine = self.engine_bytes()
-        listed = [GpuProcess(self.pid, "python3", mine)] if mine else []
+        listed = [GpuProcess(self.pid, "python3", mine, COMPUTE)] if mine else []
         for neighbour, held in self.gpu.neighbour_bytes(now, mine):
             if held:
-                listed.append(GpuProcess(neighbour.pid, neighbour.name, held))
+                listed.append(GpuProcess(neighbour.pid, neighbour.name, held, neighbour.kind))
         return listed
 
     def gpu_sample(self, now: float) -> GpuSample:
@@ -387,7 +390,9 @@ class SimEngine:
         if amount <= 0:
             return
         mine = self.engine_bytes()
-        others = [GpuProcess(n.pid, n.name, held) for n, held in self.gpu.neighbour_bytes(now, mine) if held]
+        others = [
+            GpuProcess(n.pid, n.name, held, n.kind) for n, held in self.gpu.neighbour_bytes(now, mine) if held
+        ]
         free = self.gpu.cuda_total_bytes - mine - sum(p.used_bytes or 0 for p in others)
         if amount > free:
             self.dead = True

@@ -16,6 +16,7 @@ classes); ``tests/fakes/nvml.py`` mirrors exactly the part used here.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,8 +25,11 @@ from typing import Any
 import pynvml  # the one import of NVML in tunerd
 
 from tunerd.gpu import (
+    BOTH,
+    COMPUTE,
     DRIVER_GONE,
     ERROR,
+    GRAPHICS,
     LIBRARY_MISSING,
     NO_GPU,
     OK,
@@ -38,15 +42,16 @@ from tunerd.gpu import (
 __all__ = ["NvmlSource", "XidWatcher"]
 
 GPU_LOST = "gpu_lost"
-NOT_SUPPORTED = "not_supported"
+NOT_SUPPORTED = "not_supported"  # the GPU does not do it (a GeForce's MIG, XID events)
+MISSING = "missing"  # the driver or the bindings lack the function: an older one may do
 NO_PERMISSION = "no_permission"
 _MIG = "mig"
 
 # NVMLError subclass name (without the prefix) → status. Anything else is "error".
 _ERROR_STATUS = {
     "NotSupported": NOT_SUPPORTED,
-    "FunctionNotFound": NOT_SUPPORTED,
-    "ArgumentVersionMismatch": NOT_SUPPORTED,
+    "FunctionNotFound": MISSING,
+    "ArgumentVersionMismatch": MISSING,
     "NoPermission": NO_PERMISSION,
     "GpuIsLost": GPU_LOST,
     "ResetRequired": GPU_LOST,
@@ -84,6 +89,8 @@ class NvmlSource:
         self._alive_pids: set[int] = set()
         self._xid_unavailable = False  # no GPU supports XID events: do not ask every poll
         self._missing: set[str] = set()  # functions reported unsupported, to say so once
+        #: kind of process list → the position in _PROCESS_CALLS of the call this driver answers
+        self._process_call: dict[str, int] = {}
         self._xid: XidWatcher | None = None
         self._lock = threading.Lock()
 
@@ -93,16 +100,31 @@ class NvmlSource:
         return _ERROR_STATUS.get(name, ERROR)
 
     def _query(self, function: str, *args: Any, **kwargs: Any) -> _Result:
+        """Call ``function`` of the module through :meth:`_guard`."""
+        call = getattr(self._module(), function, None)
+        if call is None:  # an nvidia-ml-py older than the function
+            self._missing.add(function)
+            return _Result(None, MISSING, f"{function}: not in this nvidia-ml-py")
+        return self._guard(function, call, *args, **kwargs)
+
+    def _guard(self, function: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> _Result:
+        """The one door: whatever a call raises becomes a status, so one field never ends a
+        sample. A function this driver or these bindings lack is :data:`MISSING` and
+        remembered (``GpuReading.details["unsupported"]``), as is one the GPU does not do."""
         nvml = self._module()
+        mismatch = getattr(nvml, "NVMLLibraryMismatchError", ())
         try:
-            return _Result(getattr(nvml, function)(*args, **kwargs), OK)
+            return _Result(call(*args, **kwargs), OK)
         except nvml.NVMLError as error:
             status = self._status_of(error)
-            if status == NOT_SUPPORTED:
+            if status in {NOT_SUPPORTED, MISSING}:
                 self._missing.add(function)
             return _Result(None, status, f"{function}: {error}")
-        except UnicodeDecodeError as error:  # pynvml decodes names as UTF-8
-            return _Result(None, ERROR, f"{function}: {error}")
+        except mismatch as error:  # a plain Exception: the unversioned call's _v3 is missing
+            self._missing.add(function)
+            return _Result(None, MISSING, f"{function}: {error}")
+        except Exception as error:  # UnicodeDecodeError (names are decoded as UTF-8), ctypes, …
+            return _Result(None, ERROR, f"{function}: {type(error).__name__}: {error}")
 
     def _module(self) -> Any:
         return self._nvml
@@ -262,12 +284,12 @@ class NvmlSource:
             try:
                 result = self._query("nvmlDeviceGetMemoryInfo", handle, version=nvml.nvmlMemory_v2)
             except (TypeError, AttributeError):  # an nvidia-ml-py too old for the version argument
-                result = _Result(None, NOT_SUPPORTED)
+                result = _Result(None, MISSING)
             if result.ok:
                 self._memory_version = "v2"
                 info = result.value
                 return _Result((int(info.total), int(info.used), int(info.free), int(info.reserved)), OK)
-            if result.status != NOT_SUPPORTED:
+            if result.status not in {NOT_SUPPORTED, MISSING}:
                 return result
             self._memory_version = "v1"
         result = self._query("nvmlDeviceGetMemoryInfo", handle)
@@ -278,23 +300,105 @@ class NvmlSource:
         return _Result((int(info.total), int(info.used), int(info.free), None), OK)
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...] | None:
-        """The compute processes on a GPU; ``None`` when the list cannot be read (not an
-        empty GPU: a container without the host PID namespace, NoPermission)."""
-        result = self._query("nvmlDeviceGetComputeRunningProcesses", handle)
-        if not result.ok:
+        """The processes on a GPU — compute (CUDA) and graphics (Xorg, a compositor, a
+        browser) — one per PID: a process in both lists is ``compute+graphics`` with the larger
+        of its two usages (the driver reports the same). ``None`` when the compute list cannot
+        be read (not an empty GPU: a container without the host PID namespace, NoPermission);
+        an unreadable graphics list leaves the compute processes."""
+        compute = self._listed(handle, COMPUTE)
+        if compute is None:
             return None
+        merged: dict[int, tuple[int | None, list[str]]] = {}
+        for kind, listed in ((COMPUTE, compute), (GRAPHICS, self._listed(handle, GRAPHICS) or [])):
+            for pid, used in listed:
+                known, kinds = merged.get(pid, (None, []))
+                if used is not None:
+                    known = used if known is None else max(known, used)
+                merged[pid] = (known, [*kinds, kind] if kind not in kinds else kinds)
         processes = []
-        for info in result.value:
-            pid = int(info.pid)
+        for pid, (used, kinds) in merged.items():
             self._alive_pids.add(pid)
             if pid not in self._process_names:
                 name = self._query("nvmlSystemGetProcessName", pid)
                 self._process_names[pid] = str(name.value) if name.ok else None
-            used = info.usedGpuMemory
-            processes.append(
-                GpuProcess(pid, self._process_names[pid], int(used) if used is not None else None)
-            )
+            kind = kinds[0] if len(kinds) == 1 else BOTH
+            processes.append(GpuProcess(pid, self._process_names[pid], used, kind))
         return tuple(processes)
+
+    def _listed(self, handle: Any, kind: str) -> list[tuple[int, int | None]] | None:
+        """(pid, used bytes) of one list, through the newest call this driver answers: the
+        calls are probed newest first until one is there, and the choice is kept."""
+        calls = _PROCESS_CALLS[kind]
+        chosen = self._process_call.get(kind)
+        if chosen == len(calls):  # the driver has none of them
+            return None
+        v1 = len(calls) - 1  # the original call: C calling convention
+        for position in range(len(calls)) if chosen is None else (chosen,):
+            function = calls[position]
+            if position == v1:
+                result = self._guard(f"{function} (v1)", self._v1_processes, function, handle)
+            else:
+                result = self._query(function, handle)
+            if result.status == MISSING and chosen is None:
+                continue  # not in this driver: an older call may be
+            self._process_call[kind] = position
+            if not result.ok:
+                return None
+            if position == v1:
+                return list(result.value)
+            return [
+                (int(info.pid), None if info.usedGpuMemory is None else int(info.usedGpuMemory))
+                for info in result.value
+            ]
+        self._process_call[kind] = len(calls)  # none is: not asked again
+        return None
+
+    def _v1_processes(self, symbol: str, handle: Any) -> list[tuple[int, int | None]]:
+        """The original process call (``nvmlProcessInfo_v1_t``: pid, used memory), which every
+        driver exports and nvidia-ml-py 12+ no longer wraps: drivers before R450 have nothing
+        newer. Called as nvidia-ml-py calls the others: the count first, then an array with
+        room for processes that start meanwhile."""
+        nvml = self._module()
+        function = nvml._nvmlGetFunctionPointer(symbol)
+        count = ctypes.c_uint(0)
+        code = function(handle, ctypes.byref(count), None)
+        if code == nvml.NVML_SUCCESS:
+            return []
+        if code != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise nvml.NVMLError(code)
+        count.value = count.value * 2 + 5
+        infos = (_ProcessInfoV1 * count.value)()
+        code = function(handle, ctypes.byref(count), infos)
+        if code != nvml.NVML_SUCCESS:
+            raise nvml.NVMLError(code)
+        return [
+            (int(info.pid), None if info.usedGpuMemory == _NOT_AVAILABLE else int(info.usedGpuMemory))
+            for info in infos[: count.value]
+        ]
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    """``nvmlProcessInfo_v1_t`` (nvml.h before R450)."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+_NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long: usage unknown
+#: Each list's calls, newest first. ``_v3`` (R510+), ``_v2`` (R450+) are nvidia-ml-py's; the
+#: last is the driver's original C function (v1), which every driver exports. nvidia-ml-py 13's
+#: unversioned wrappers call ``_v3`` and raise NVMLLibraryMismatchError without it.
+_PROCESS_CALLS = {
+    COMPUTE: (
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses",
+    ),
+    GRAPHICS: (
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+    ),
+}
 
 
 class XidWatcher:

@@ -30,7 +30,17 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from tunerd.gpu import DRIVER_GONE, ERROR, LIBRARY_MISSING, NO_GPU, OK, GpuProcess, GpuReading, GpuSample
+from tunerd.gpu import (
+    COMPUTE,
+    DRIVER_GONE,
+    ERROR,
+    LIBRARY_MISSING,
+    NO_GPU,
+    OK,
+    GpuProcess,
+    GpuReading,
+    GpuSample,
+)
 
 __all__ = [
     "GPU_FIELDS",
@@ -217,6 +227,7 @@ def parse_compute_apps(text: str, fields: Sequence[str] | None = APP_FIELDS) -> 
                 pid=pid,
                 name=_value(row.get("process_name", row.get("name", ""))),
                 used_bytes=_mib(used, "used_memory", line),
+                kind=COMPUTE,  # the compute list: graphics clients are not in it
             )
         )
     return by_gpu

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pynvml
 import pytest
 
 from tests.fakes.nvml import FakeDevice, FakeNvml, FakeProcess
@@ -16,7 +17,10 @@ def _box(**first: object) -> FakeNvml:
     devices = [
         FakeDevice(
             uuid="GPU-0aaa",
-            processes=[FakeProcess(4242, 20_000 * MIB, "python3"), FakeProcess(1100, 300 * MIB, "Xorg")],
+            processes=[
+                FakeProcess(4242, 20_000 * MIB, "python3"),
+                FakeProcess(1100, 300 * MIB, "Xorg", kind="graphics"),
+            ],
             utilization_percent=87,
             **first,  # type: ignore[arg-type]
         ),
@@ -62,11 +66,12 @@ class TestMemory:
         nvml = _box()
         nvml.devices[0].processes.append(FakeProcess(5555, None, "notebook"))
         gpu = NvmlSource(nvml, watch_xid=False).sample().gpus[0]
-        assert [(p.pid, p.name, p.used_bytes) for p in gpu.processes] == [
-            (4242, "python3", 20_000 * MIB),
-            (1100, "Xorg", 300 * MIB),
-            (5555, "notebook", None),
+        assert [(p.pid, p.name, p.used_bytes, p.kind) for p in gpu.processes] == [
+            (4242, "python3", 20_000 * MIB, "compute"),
+            (5555, "notebook", None, "compute"),
+            (1100, "Xorg", 300 * MIB, "graphics"),
         ]
+        assert gpu.unattributed_bytes is None  # one usage unknown: cannot say
 
     def test_sample_gpus_identified_by_uuid(self) -> None:
         reading = NvmlSource(_box(), watch_xid=False).sample()
@@ -158,3 +163,159 @@ class TestXid:
         source.sample()
         source.close()
         assert "nvmlEventSetWait" not in nvml.calls
+
+
+# -- older drivers, desktops, failing fields (issue 17) ----------------------------------------
+
+#: What drivers export, by release (the fake's docstring has the sources): R470 has _v2 but no
+#: _v3; R440 has only the original calls and memory info v1.
+R470 = {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3"}
+R440 = R470 | {
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetMemoryInfo_v2",
+}
+
+
+DESKTOP_PIDS = [1100, 1789, 2424, 3003, 4242, 5151]
+
+
+def _desktop(lacks: set[str] | None = None) -> FakeNvml:
+    """A desktop 4090 (the seed's box): the engine, a notebook, the display server, a
+    compositor and a browser drawing on it, one process doing both, and 37 MiB no list holds."""
+    return FakeNvml(
+        [
+            FakeDevice(
+                uuid="GPU-desk",
+                processes=[
+                    FakeProcess(4242, 20_000 * MIB, "python3"),
+                    FakeProcess(5151, 900 * MIB, "jupyter"),
+                    FakeProcess(1100, 310 * MIB, "/usr/lib/xorg/Xorg", kind="graphics"),
+                    FakeProcess(1789, 120 * MIB, "/usr/bin/gnome-shell", kind="graphics"),
+                    FakeProcess(2424, 260 * MIB, "firefox", kind="graphics"),
+                    FakeProcess(3003, 500 * MIB, "blender", kind="compute+graphics"),
+                ],
+                other_used_bytes=37 * MIB,
+            )
+        ],
+        lacks=lacks,
+    )
+
+
+class TestOlderDrivers:
+    def test_the_unversioned_call_on_a_driver_without_v3_is_missing_not_a_crash(self) -> None:
+        """nvidia-ml-py 13's nvmlDeviceGetComputeRunningProcesses calls _v3 and raises
+        NVMLLibraryMismatchError, a plain Exception, where the driver lacks it: the door
+        turns it into a status instead of letting it out of sample()."""
+        nvml = _desktop(lacks=R470)
+        source = NvmlSource(nvml, watch_xid=False)
+        source.sample()
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        with pytest.raises(nvml.NVMLLibraryMismatchError):
+            nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        result = source._query("nvmlDeviceGetComputeRunningProcesses", handle)
+        assert (result.ok, result.status) == (False, "missing")
+        assert "pyNVML version does not match" in result.message
+
+    @pytest.mark.parametrize(
+        ("lacks", "calls"),
+        [
+            (set(), ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")),
+            (R470, ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2")),
+            (R440, ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")),
+        ],
+        ids=["r550", "r470", "r440"],
+    )
+    def test_processes_come_through_the_newest_call_the_driver_has(
+        self, lacks: set[str], calls: tuple[str, str]
+    ) -> None:
+        """v3 → v2 → the original v1 call, probed on the first poll and kept: later polls ask
+        the chosen call only, and the reading says which calls the driver lacks."""
+        nvml = _desktop(lacks=lacks)
+        source = NvmlSource(nvml, watch_xid=False)
+        first = source.sample()
+        asked = len(nvml.calls)
+        second = source.sample()
+        for reading in (first, second):
+            assert reading.status == "ok"
+            assert sorted(p.pid for p in reading.gpus[0].processes or ()) == DESKTOP_PIDS
+        later = nvml.calls[asked:]
+        for call in calls:  # once; the original C call twice: the count, then the array
+            assert later.count(call) == (2 if lacks == R440 else 1), (call, later)
+        assert not [c for c in later if "RunningProcesses" in c and c not in calls], later
+        if lacks:
+            missing = first.details["unsupported"]
+            assert all(name in missing for name in lacks if "Processes" in name), missing
+
+    def test_a_driver_without_any_process_call_has_no_list_and_is_not_asked_again(self) -> None:
+        everything = {
+            f"nvmlDeviceGet{kind}RunningProcesses{version}"
+            for kind in ("Compute", "Graphics")
+            for version in ("", "_v2", "_v3")
+        }
+        nvml = _desktop(lacks=everything)
+        source = NvmlSource(nvml, watch_xid=False)
+        first = source.sample()
+        asked = len(nvml.calls)
+        second = source.sample()
+        assert first.status == second.status == "ok"
+        assert first.gpus[0].processes is None  # unknown, not an empty GPU
+        assert first.gpus[0].memory_used_bytes == (20_000 + 900 + 310 + 120 + 260 + 500 + 37) * MIB
+        assert not [call for call in nvml.calls[asked:] if "RunningProcesses" in call]
+
+
+class TestDesktop:
+    def test_graphics_clients_are_seen_and_attributed_per_pid(self) -> None:
+        gpu = NvmlSource(_desktop(), watch_xid=False).sample().gpus[0]
+        seen = {p.pid: (p.name, p.used_bytes, p.kind) for p in gpu.processes or ()}
+        assert seen == {
+            4242: ("python3", 20_000 * MIB, "compute"),
+            5151: ("jupyter", 900 * MIB, "compute"),
+            3003: ("blender", 500 * MIB, "compute+graphics"),  # in both lists, counted once
+            1100: ("/usr/lib/xorg/Xorg", 310 * MIB, "graphics"),
+            1789: ("/usr/bin/gnome-shell", 120 * MIB, "graphics"),
+            2424: ("firefox", 260 * MIB, "graphics"),
+        }
+        assert gpu.unattributed_bytes == 37 * MIB
+        assert gpu.to_dict()["unattributed_bytes"] == 37 * MIB
+
+    def test_an_unreadable_graphics_list_leaves_the_compute_processes(self) -> None:
+        nvml = _desktop()
+        nvml.failing["nvmlDeviceGetGraphicsRunningProcesses_v3"] = pynvml.NVML_ERROR_UNKNOWN
+        gpu = NvmlSource(nvml, watch_xid=False).sample().gpus[0]
+        assert sorted(p.pid for p in gpu.processes or ()) == [3003, 4242, 5151]
+        assert gpu.unattributed_bytes == (310 + 120 + 260 + 37) * MIB  # the display's share too
+
+
+class TestFailingFields:
+    @pytest.mark.parametrize(
+        ("function", "code"),
+        [
+            ("nvmlDeviceGetUtilizationRates", pynvml.NVML_ERROR_UNKNOWN),
+            ("nvmlDeviceGetName", pynvml.NVML_ERROR_NO_PERMISSION),
+            ("nvmlSystemGetProcessName", pynvml.NVML_ERROR_NOT_FOUND),
+            ("nvmlDeviceGetMigMode", pynvml.NVML_ERROR_UNKNOWN),
+        ],
+    )
+    def test_one_failing_field_is_none_and_the_sample_goes_on(self, function: str, code: int) -> None:
+        nvml = _desktop()
+        nvml.failing[function] = code
+        reading = NvmlSource(nvml, watch_xid=False).sample()
+        gpu = reading.gpus[0]
+        assert (reading.status, gpu.status) == ("ok", "ok")
+        assert gpu.memory_used_bytes is not None
+        assert len(gpu.processes or ()) == 6
+
+    def test_a_field_that_raises_something_else_is_an_error_reading_of_that_field(self) -> None:
+        """pynvml decodes names as UTF-8; a driver that hands back other bytes raises
+        UnicodeDecodeError — and a future binding may raise anything. The field is None."""
+        nvml = _desktop()
+
+        def broken(handle: object) -> str:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+        nvml.nvmlDeviceGetName = broken  # type: ignore[method-assign]
+        reading = NvmlSource(nvml, watch_xid=False).sample()
+        assert reading.status == "ok"
+        assert reading.gpus[0].name is None
+        assert reading.gpus[0].memory_total_bytes == 24564 * MIB
