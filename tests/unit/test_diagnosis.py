@@ -34,6 +34,7 @@ class TestReferenceFailureTexts:
             ("weights-oom-033-format.log", "cuda_oom", "startup"),
             ("engine-died-v0.10-27549.log", "engine_dead", "runtime"),
             ("engine-dead-v0-13252.log", "engine_dead", "runtime"),
+            ("insufficient-free-external-weights-032-format.log", "insufficient_free_memory", "startup"),
         ],
     )
     def test_diagnose_failure_kind_and_phase(self, file: str, kind: str, phase: str) -> None:
@@ -159,6 +160,29 @@ class TestShutdownAndRuns:
         assert result.crash is None
         assert result.kv_cache_size_tokens == 100_000
         assert result.ready
+
+    @pytest.mark.parametrize(
+        "start",
+        [
+            "(APIServer pid=1) INFO 12-01 10:00:00 [api_utils.py:327] vLLM server version 0.33.0, serving model m",
+            "(APIServer pid=1) INFO 12-01 10:00:00 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.33.0",
+            "(APIServer pid=1) INFO 12-01 10:00:00 [api_utils.py:286] non-default args: {'port': 8000}",
+        ],
+        ids=["plain", "logo", "args"],
+    )
+    def test_diagnose_each_start_line_of_0_32_and_0_33_begins_a_run(self, start: str) -> None:
+        """The ways vLLM 0.32/0.33 announce a new server (the version line, plain or as the
+        logo; the non-default args), and ``Starting vLLM server on`` as the server being up."""
+        lines = [
+            start,
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 50.00 MiB.",
+            start,
+            "(APIServer pid=2) INFO 12-01 10:01:00 [entry.py:140] Starting vLLM server on http://0.0.0.0:8000",
+        ]
+        result = diagnose(lines)
+        assert result.crash is None
+        assert result.ready
+        assert diagnose(lines[:2]).crash is not None
 
     def test_diagnoser_incremental_equals_whole(self) -> None:
         text = (FAILURES / "oom-27466.log").read_text().splitlines()

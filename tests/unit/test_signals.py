@@ -102,9 +102,22 @@ def test_gpu_room_is_vllms_own_start_up_check() -> None:
     )
     assert gpu_room([free], {"gpu_memory_utilization": 0.92}) is None
     assert gpu_room([free], {"gpu_memory_utilization": 0.98}) is not None  # the neighbour's 0.5 GiB
-    assert gpu_room([draining], {}) is not None  # vLLM's default 0.9 applies
+    assert gpu_room([draining], {}) is not None  # vLLM's default 0.92 applies
     assert gpu_room([draining], {"kv_cache_memory_bytes": 4 * GIB}) is None  # sized in bytes: no check
     assert gpu_room([], {"gpu_memory_utilization": 0.92}) is None  # nothing to tell
+
+
+def test_gpu_room_takes_the_total_cuda_reports_not_nvmls() -> None:
+    """vLLM's budget is a share of cudaMemGetInfo's total, which leaves out the driver's
+    reservation NVML counts (a 4090: 24,564 MiB in NVML, 24,084 MiB in CUDA). 22,200 MiB free
+    covers 0.92 of CUDA's total (22,157.3 MiB) — vLLM starts — though not 0.92 of NVML's."""
+    mib = 1024**2
+    gpu = GpuSample(0, "GPU-0", "RTX 4090", 24564 * mib, 1884 * mib, 22200 * mib, 480 * mib, 0.0, ())
+    assert gpu_room([gpu], {"gpu_memory_utilization": 0.92}) is None
+    assert gpu_room([gpu], {}) is None  # 0.92 is the default
+    assert gpu_room([gpu], {"gpu_memory_utilization": 0.93}) == (
+        "GPU 0: 21.68 GiB free, 0.93 × 23.52 GiB = 21.87 GiB needed"
+    )
 
 
 def test_two_engines_share_a_gpu_however_each_names_it() -> None:
