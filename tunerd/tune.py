@@ -9,6 +9,10 @@ end) changes nothing and says why. Default notches follow DESIGN §4.5:
 - ``max_num_seqs``: down ``max(1, min(v − 1, ⌊0.75 v⌋))``, up ``max(v + 1, ⌊1.25 v⌋)``
   (8 → 6 → 4 → 3; 8 → 10);
 - ``max_num_batched_tokens``, ``kv_cache_memory_bytes``, ``max_model_len``: halve / double;
+- ``max_num_queued_reqs`` (requests in flight, waiting or running, before vLLM answers 503) as
+  ``max_num_seqs``; ``max_num_queued_tokens`` (prompt tokens in prefill before it answers 503)
+  halve / double — vLLM 0.32+'s in-engine admission control: a policy can cap the queue
+  instead of shrinking the pool;
 - ``gpu_memory_utilization``: ∓0.03 in two-decimal arithmetic (0.92 → 0.89, never
   0.8900000000000001);
 - ``kv_cache_dtype``: down ``auto`` → ``fp8``, up ``fp8`` → ``auto``;
@@ -54,13 +58,23 @@ NUMERIC_TUNABLES = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "kv_cache_memory_bytes",
+    "max_num_queued_reqs",
+    "max_num_queued_tokens",
 )
 BOOLEAN_TUNABLES = ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager")
 TUNABLES = (*NUMERIC_TUNABLES, "kv_cache_dtype", *BOOLEAN_TUNABLES)
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 OPERATIONS = ("step_down", "step_up", "halve", "double")
-_INTEGER_TUNABLES = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"}
-_HALVING = {"max_num_batched_tokens", "kv_cache_memory_bytes", "max_model_len"}
+_INTEGER_TUNABLES = {
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_memory_bytes",
+    "max_num_queued_reqs",
+    "max_num_queued_tokens",
+}
+_HALVING = {"max_num_batched_tokens", "kv_cache_memory_bytes", "max_model_len", "max_num_queued_tokens"}
+_COUNTING = {"max_num_seqs", "max_num_queued_reqs"}  # 8 → 6 → 4 → 3; 8 → 10
 _TOKENS = 2**31 - 1  # vLLM indexes tokens with 32-bit integers
 #: The least value of each numeric knob (``gpu_memory_utilization``: more than this).
 MIN_VALUES: dict[str, float] = {
@@ -69,6 +83,8 @@ MIN_VALUES: dict[str, float] = {
     "max_num_seqs": 1,
     "max_num_batched_tokens": 1,
     "kv_cache_memory_bytes": 1,
+    "max_num_queued_reqs": 1,  # vLLM takes 0 (every request refused): never a setting to tune to
+    "max_num_queued_tokens": 1,
 }
 #: The greatest value of each numeric knob.
 MAX_VALUES: dict[str, float] = {
@@ -77,6 +93,8 @@ MAX_VALUES: dict[str, float] = {
     "max_num_seqs": 1 << 20,
     "max_num_batched_tokens": _TOKENS,
     "kv_cache_memory_bytes": 1 << 40,  # per GPU: 1 TiB, more than any GPU has
+    "max_num_queued_reqs": 1 << 24,
+    "max_num_queued_tokens": _TOKENS,
 }
 
 
@@ -179,7 +197,7 @@ def _two_decimals(value: float) -> float:
 
 
 def _default_step(knob: str, value: Any, direction: int) -> Any:
-    if knob == "max_num_seqs":
+    if knob in _COUNTING:
         return (
             max(1, min(value - 1, math.floor(0.75 * value)))
             if direction < 0

@@ -549,3 +549,39 @@ def test_client_disconnect_aborts_the_request(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert engine.get("/load").json() == {"server_load": 0}
         assert parse(engine.get("/metrics").text).num_requests_running == 0
+
+
+def test_admission_control_refuses_with_503_as_vllm_does(tmp_path: Path) -> None:
+    """``--max-num-queued-reqs 2`` (vLLM 0.32+): a third request while two are unfinished is
+    refused with vLLM's 503 and its text, and counted in ``vllm:admission_rejections_total``
+    (labels model_name and reason, as vLLM's)."""
+    with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG, "--max-num-queued-reqs", "2") as engine:
+        answers: list[int] = []
+
+        def one() -> None:
+            body = {"prompt_tokens": 2000, "max_tokens": 2000, "ignore_eos": True}
+            answers.append(httpx.post(engine.url + "/v1/completions", json=body, timeout=60).status_code)
+
+        clients = [threading.Thread(target=one) for _ in range(2)]
+        for client in clients:
+            client.start()
+        deadline = time.monotonic() + 10
+        while True:
+            snapshot = parse(engine.get("/metrics").text)
+            if (snapshot.num_requests_running or 0) + (snapshot.num_requests_waiting or 0) >= 2:
+                break
+            assert time.monotonic() < deadline, snapshot
+            time.sleep(0.05)
+        refused = httpx.post(
+            engine.url + "/v1/completions", json={"prompt_tokens": 10, "max_tokens": 1}, timeout=10
+        )
+        page = engine.get("/metrics").text
+        for client in clients:
+            client.join(timeout=60)
+    assert refused.status_code == 503
+    assert refused.json()["message"].startswith(
+        "The engine is currently busy and cannot accept new requests."
+    )
+    assert 'vllm:admission_rejections_total{model_name="' in page
+    assert 'reason="max_num_queued_reqs"} 1.0' in page
+    assert answers == [200, 200]

@@ -130,6 +130,12 @@ def _add_serve(commands: argparse._SubParsersAction[Parser]) -> None:
     vllm.add_argument("--max-num-batched-tokens", type=positive_int)
     vllm.add_argument("--kv-cache-dtype", choices=sorted(KV_DTYPE_WORDS), default="auto")
     vllm.add_argument("--kv-cache-memory-bytes", type=_size)
+    vllm.add_argument(
+        "--max-num-queued-reqs", type=positive_int, help="503 past this many unfinished requests"
+    )
+    vllm.add_argument(
+        "--max-num-queued-tokens", type=positive_int, help="503 once this many prompt tokens wait in prefill"
+    )
     vllm.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     vllm.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     vllm.add_argument("--enforce-eager", action="store_true")
@@ -266,6 +272,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         startup_seconds=args.sim_startup_seconds,
         non_default_args=explicit,
+        max_num_queued_reqs=args.max_num_queued_reqs,
+        max_num_queued_tokens=args.max_num_queued_tokens,
     )
     board = GpuBoard(args.sim_gpu_share, os.getpid()) if args.sim_gpu_share else None
     server = SimServer(factory, options, clock, board=board, gpu=gpu)

@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tunerd.tune import BOOLEAN_TUNABLES, TUNABLES, validate_value
+from tunerd.tune import BOOLEAN_TUNABLES, NUMERIC_TUNABLES, TUNABLES, validate_value
 
 __all__ = [
     "FLAGS",
@@ -46,7 +46,7 @@ FORBIDDEN_FLAGS = {
     "--disable-log-requests": "removed; vLLM 0.33 rejects it",
     "--preemption-mode": "V0 only; vLLM 0.33 rejects it",
 }
-_INTEGER_KNOBS = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"}
+_INTEGER_KNOBS = {knob for knob in NUMERIC_TUNABLES if knob != "gpu_memory_utilization"}
 _FLAG_TO_KNOB = {flag: knob for knob, flag in FLAGS.items()}
 _NEGATED = {
     "--no-" + flag.removeprefix("--"): knob for knob, flag in FLAGS.items() if knob in BOOLEAN_TUNABLES

@@ -72,6 +72,10 @@ WEIGHT_FORMATS = ("bf16", "fp16", "int8", "fp8", "awq", "gptq", "int4")
 #: KV cache dtypes the planner takes (vLLM spellings in :data:`VLLM_KV_DTYPE`).
 KV_DTYPES = ("auto", "fp16", "bf16", "fp8")
 VLLM_KV_DTYPE = {"auto": "auto", "fp16": "float16", "bf16": "bfloat16", "fp8": "fp8"}
+#: What ``--kv-cache-dtype`` says for each: 16-bit KV is ``auto`` (the model's own dtype).
+#: vLLM 0.33 refuses a 16-bit KV dtype that differs from the model's ("kv_cache_dtype=float16
+#: is incompatible with dtype=bfloat16"), and both are two bytes a value.
+VLLM_KV_FLAG = {"auto": "auto", "fp16": "auto", "bf16": "auto", "fp8": "fp8"}
 #: vLLM's ``--kv-cache-dtype`` spellings (and ours) → the planner's word.
 KV_DTYPE_WORDS = {
     "auto": "auto",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tunerd.planner.bills import (
     BLOCK_SIZE,
-    VLLM_KV_DTYPE,
+    VLLM_KV_FLAG,
     Activation,
     KvPool,
     Runtime,
@@ -281,10 +281,11 @@ def _recommended_seqs(concurrency: int) -> int:
     return 2 * concurrency if concurrency <= 8 else math.ceil(1.5 * concurrency)
 
 
-def _candidates(weights: str, kv_dtype: str) -> list[tuple[str, str]]:
+def _candidates(weights: str, kv_dtype: str, fp8_kv: bool) -> list[tuple[str, str]]:
     """(weights, kv) in the order the seed would try them: fp8 KV is a flag, a quantized
-    checkpoint is a new download; prefer 8-bit weights to 4-bit (quality first)."""
-    kv_options = [kv_dtype] + (["fp8"] if kv_dtype != "fp8" else [])
+    checkpoint is a new download; prefer 8-bit weights to 4-bit (quality first). fp8 KV only
+    where the card does it natively (``fp8_kv``), unless it was asked for."""
+    kv_options = [kv_dtype] + (["fp8"] if kv_dtype != "fp8" and fp8_kv else [])
     weight_options = [weights]
     if weights in _SIXTEEN_BIT:
         weight_options.append("int8")
@@ -306,7 +307,7 @@ def _vllm_args(request: PlanRequest, scenario: Scenario) -> tuple[str, ...]:
         str(settings.max_num_batched_tokens),
         "--enable-chunked-prefill",
         "--kv-cache-dtype",
-        VLLM_KV_DTYPE[scenario.kv_dtype],
+        VLLM_KV_FLAG[scenario.kv_dtype],
     ]
     native = request.shape.native_weights
     weights = scenario.weights_format
@@ -349,7 +350,8 @@ def _recommend(request: PlanRequest, context: int, concurrency: int) -> Recommen
             f"stay small (the seed's OOM came from a long prefill)"
         )
     chosen: Scenario | None = None
-    for weights_format, kv_dtype in _candidates(request.weights, request.kv_dtype):
+    fp8_kv = gpu.fp8_kv_native or gpu.arch == "unknown"
+    for weights_format, kv_dtype in _candidates(request.weights, request.kv_dtype, fp8_kv):
         candidate = evaluate(
             shape,
             gpu,

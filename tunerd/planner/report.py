@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunerd.planner import bills
-from tunerd.planner.bills import BLOCK_SIZE, VLLM_KV_DTYPE
+from tunerd.planner.bills import BLOCK_SIZE, VLLM_KV_DTYPE, VLLM_KV_FLAG
 from tunerd.planner.recommend import (
     COMFORT_SHARE,
     MIN_SLACK_BYTES,
@@ -46,7 +46,7 @@ def _scenario_settings(scenario: Scenario) -> dict[str, Any]:
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "enable_chunked_prefill": True,
-        "kv_cache_dtype": VLLM_KV_DTYPE[scenario.kv_dtype],
+        "kv_cache_dtype": VLLM_KV_FLAG[scenario.kv_dtype],
     }
 
 

@@ -120,6 +120,9 @@ class ServeOptions:
     shutdown_timeout: float
     startup_seconds: float
     non_default_args: dict[str, Any]
+    #: vLLM 0.32+'s admission control (``--max-num-queued-reqs/-tokens``): None, no limit
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
 
 
 class _Metrics(Collector):
@@ -167,6 +170,15 @@ class _Metrics(Collector):
             counter = CounterMetricFamily(name, doc, labels=labels)
             counter.add_metric(values, value)
             yield counter
+        # 0.32 v1/metrics/loggers.py:847: model_name and reason only, no engine label
+        rejections = CounterMetricFamily(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            labels=["model_name", "reason"],
+        )
+        for reason, count in sorted(server.admission_rejections.items()):
+            rejections.add_metric([server.options.served_model_name, reason], count)
+        yield rejections
         info = server.cache_config_labels()
         cache = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=sorted(info)
@@ -202,6 +214,8 @@ class SimServer:
         self._stopping = threading.Event()
         self._draining = False
         self.exit_code = 0
+        #: reason → requests refused by admission control (vllm:admission_rejections_total)
+        self.admission_rejections = {"max_num_queued_reqs": 0, "max_num_queued_tokens": 0}
         self.registry = CollectorRegistry(auto_describe=False)
         labels = ["engine", "model_name"]
         self.ttft = Histogram(
@@ -529,6 +543,30 @@ class SimServer:
         return self.exit_code
 
     # -- request handling (called from HTTP threads) --------------------------------------
+    def _admission(self) -> str | None:
+        """vLLM's ``AsyncLLM.check_admission`` (0.32 ``v1/engine/async_llm.py:316``): refuse
+        a request when the unfinished ones (waiting + running) would pass
+        ``max_num_queued_reqs``, or the prompt tokens still in prefill reach
+        ``max_num_queued_tokens`` (the whole prompt counts until its prefill is done); the
+        texts are ``QueueOverflowError``'s and ``MaxQueuedTokensError``'s (``vllm/exceptions.py``)."""
+        options = self.options
+        with self.lock:
+            unfinished = [*self.engine.running, *self.engine.waiting]
+            prefilling = sum(r.prompt_tokens for r in unfinished if r.computed < r.prompt_tokens)
+        if options.max_num_queued_reqs is not None and len(unfinished) + 1 > options.max_num_queued_reqs:
+            self.admission_rejections["max_num_queued_reqs"] += 1
+            return (
+                "The engine is currently busy and cannot accept new requests. "
+                "Please try again later or on a different instance."
+            )
+        if options.max_num_queued_tokens is not None and prefilling >= options.max_num_queued_tokens:
+            self.admission_rejections["max_num_queued_tokens"] += 1
+            return (
+                "The engine has reached its prefill token backlog limit. "
+                "Please try again later or on a different instance."
+            )
+        return None
+
     def completion(
         self, body: dict[str, Any], write_event: Callable[[dict[str, Any] | None], None] | None
     ) -> tuple[int, dict[str, Any]]:
@@ -559,6 +597,9 @@ class SimServer:
                 "BadRequestError",
                 400,
             )
+        refused = self._admission()
+        if refused is not None:
+            return 503, _error(refused, "Service Unavailable", 503)
         request = Request(
             id=f"cmpl-{uuid.uuid4().hex[:16]}",
             prompt_tokens=prompt_tokens,

@@ -173,7 +173,7 @@ def test_without_tunables_leaves_the_program_and_the_model() -> None:
         ),
         (
             "--max_num",
-            "--max_num is an abbreviation vLLM reads as one of --max-num-seqs, --max-num-batched-tokens (or refuses as ambiguous): tunerd sets those; write the whole name of the flag you mean",
+            "--max_num is an abbreviation vLLM reads as one of --max-num-seqs, --max-num-batched-tokens, --max-num-queued-reqs, --max-num-queued-tokens (or refuses as ambiguous): tunerd sets those; write the whole name of the flag you mean",
         ),
     ],
 )

@@ -304,3 +304,34 @@ class TestWarningsAndText:
         assert not one.scenario.fits
         assert four.scenario.fits
         assert four.scenario.kv_bytes_per_token * 4 == one.scenario.kv_bytes_per_token
+
+
+class TestWhatVllmAccepts:
+    """Issue 17: what the planner hands to vLLM 0.33 is what it accepts."""
+
+    @pytest.mark.parametrize("kv", ["fp16", "bf16", "auto"])
+    @pytest.mark.parametrize("weights", ["bf16", "fp16", "awq"])
+    def test_sixteen_bit_kv_is_auto_whatever_the_weights(self, weights: str, kv: str) -> None:
+        """0.33 refuses a 16-bit KV dtype other than the model's ("kv_cache_dtype=float16 is
+        incompatible with dtype=bfloat16"); ``auto`` keeps it in the model's, 2 B a value."""
+        plan = _plan(weights=weights, kv=kv, concurrency=1, context=8192)
+        args = list(plan.recommendation.vllm_args)
+        assert args[args.index("--kv-cache-dtype") + 1] in {"auto", "fp8"}
+        recommended = plan_to_dict(plan)["recommended"]["kv_cache_dtype"]
+        assert recommended == args[args.index("--kv-cache-dtype") + 1]
+        if plan.recommendation.kv_dtype != "fp8":
+            assert recommended == "auto"
+
+    def test_fp8_kv_is_never_recommended_where_it_is_warned_about(self) -> None:
+        """An RTX 3090 (Ampere: no native fp8) short of KV room: the planner reaches for
+        smaller weights, not for the fp8 KV it would warn about."""
+        plan = _plan(gpu="rtx3090", weights="bf16", kv="fp16", concurrency=4, context=32768)
+        assert plan.recommendation.kv_dtype != "fp8"
+        assert not [w for w in plan.warnings if "fp8" in w]
+        on_ada = _plan(gpu="rtx4090", weights="bf16", kv="fp16", concurrency=4, context=32768)
+        assert on_ada.recommendation.kv_dtype == "fp8"  # Ada does it natively: the seed's move
+
+    def test_fp8_kv_asked_for_on_ampere_is_planned_and_warned(self) -> None:
+        plan = _plan(gpu="rtx3090", weights="awq", kv="fp8", concurrency=4, context=32768)
+        assert plan.recommendation.kv_dtype == "fp8"
+        assert [w for w in plan.warnings if "no native fp8" in w]
