@@ -260,3 +260,45 @@ class TestModelConfigFiles:
         result = tunerd("plan", "--model-config", str(path), "--gpu", "rtx4090", "--context", "4096")
         assert result.returncode == 2
         assert result.stderr.startswith(f"tunerd plan: error: {path}: gemma2 interleaves")
+
+
+class TestRefusesWhatVllmRefuses:
+    """Issue 17: what vLLM refuses, or a person surely mistyped, is exit 2 with one line."""
+
+    def test_a_gpu_size_without_a_unit_is_refused(self) -> None:
+        """``--gpu-mem 24`` planned a 24-byte GPU and exited 0."""
+        result = tunerd("plan", "--model", "llama-3.1-8b", "--gpu-mem", "24", "--concurrency", "1")
+        assert result.returncode == 2
+        assert "give a unit, e.g. '24GiB'" in result.stderr
+        assert (
+            tunerd("plan", "--model", "llama-3.1-8b", "--gpu-mem", "24GiB", "--concurrency", "1").returncode
+            == 0
+        )
+
+    def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused(self) -> None:
+        result = tunerd(
+            "plan", "--model", "llama-3.1-8b", "--gpu", "h100", "--concurrency", "1", "--tensor-parallel", "3"
+        )
+        assert result.returncode == 2
+        assert "must be divisible by tensor parallel size (3)" in result.stderr
+        assert "try 1, 2, 4, 8" in result.stderr
+
+    @pytest.mark.parametrize(
+        ("name", "model", "weights"),
+        [
+            ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b", "bf16"),
+            ("meta-llama/Meta-Llama-3.1-8B-Instruct", "llama-3.1-8b", "bf16"),
+            ("hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4", "llama-3.1-8b", "awq"),
+            ("Qwen/Qwen2.5-72B-Instruct-AWQ", "qwen2.5-72b", "awq"),
+            ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4", "qwen2.5-7b", "gptq"),
+            ("Qwen/Qwen3-8B-FP8", "qwen3-8b", "fp8"),
+            ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b-v0.3", "bf16"),
+            ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b", "fp16"),
+        ],
+    )
+    def test_hub_names_resolve_alike_and_say_their_weights(self, name: str, model: str, weights: str) -> None:
+        """``Qwen/Qwen2.5-72B-Instruct-AWQ`` was 'unknown' while Llama's Hub name resolved; the
+        quantization its name says is the weights planned (unless --weights says otherwise)."""
+        plan = plan_json("--model", name, "--gpu", "h100", "--concurrency", "1", "--context", "4K")
+        assert plan["model"]["name"] == model
+        assert plan["workload"]["weights"] == weights

@@ -64,6 +64,12 @@ def token_count(text: str) -> int:
 
 
 def size(text: str) -> int:
+    """A memory size a person types, with its unit: ``24GiB``, ``23.5GiB``, ``512MiB``. A bare
+    number is refused — ``--gpu-mem 24`` meant 24 GiB, not 24 bytes."""
+    if text.strip().replace(".", "", 1).isdigit():
+        raise argparse.ArgumentTypeError(
+            f"invalid size '{text}': give a unit, e.g. '{text.strip()}GiB' (a bare number would be bytes)"
+        )
     try:
         value = parse_size(text)
     except UnitError as error:

@@ -30,7 +30,7 @@ from tunerd.planner.bills import (
     sequence_blocks,
 )
 from tunerd.planner.gpus import GpuProfile
-from tunerd.planner.shapes import ModelShape
+from tunerd.planner.shapes import ModelShape, ShapeError
 from tunerd.units import MIB, format_size
 
 __all__ = [
@@ -465,6 +465,15 @@ def make_plan(request: PlanRequest) -> Plan:
     shape = request.shape
     if request.concurrency is None and request.context is None:
         raise ValueError("give --concurrency, --context or both")
+    tp = request.tensor_parallel
+    if shape.num_attention_heads % tp:  # vLLM 0.32 config/model.py:1549 (verify_with_parallel_config)
+        heads = shape.num_attention_heads
+        divisors = ", ".join(str(n) for n in (1, 2, 4, 8) if heads % n == 0)
+        raise ShapeError(
+            f"--tensor-parallel {tp} does not divide {shape.name}'s {heads} attention heads: vLLM refuses "
+            f'it ("Total number of attention heads ({heads}) must be divisible by tensor parallel size '
+            f'({tp})"); try {divisors}'
+        )
     concurrency_asked = request.concurrency is not None
     context_asked = request.context is not None
 

@@ -29,6 +29,7 @@ __all__ = [
     "ShapeError",
     "builtin_model",
     "load_model_config",
+    "model_key",
     "shape_from_config",
 ]
 
@@ -196,10 +197,47 @@ MODEL_ALIASES: dict[str, str] = {
 }
 
 
-def builtin_model(name: str) -> ModelShape:
-    """The built-in shape called ``name`` (case-insensitive; a ``org/`` prefix is ignored)."""
+#: Words of a checkpoint's name that do not change its shapes (the tuned or converted
+#: variants of a base model), and those that name how its weights are stored.
+_VARIANT_WORDS = {"instruct", "chat", "hf", "it", "base", "dynamic", "2507"}
+_WEIGHT_WORDS = {
+    "awq": "awq",
+    "gptq": "gptq",
+    "fp8": "fp8",
+    "int8": "int8",
+    "w8a8": "int8",
+    "int4": "int4",
+    "w4a16": "int4",
+    "bnb": "int4",
+    "4bit": "int4",
+    "8bit": "int8",
+}
+
+
+def model_key(name: str) -> tuple[str, str | None]:
+    """The built-in key ``name`` means, and the weight format its name says (or None).
+
+    ``org/`` is dropped and case ignored; so are the words of a tuned or converted variant
+    (``-Instruct``, ``-chat-hf``, a leading ``Meta-``) and those of its quantization, which
+    come back as the format: ``Qwen/Qwen2.5-72B-Instruct-AWQ`` → (``qwen2.5-72b``, ``awq``),
+    ``hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4`` → (``llama-3.1-8b``, ``awq``),
+    ``mistralai/Mistral-7B-Instruct-v0.3`` → (``mistral-7b-v0.3``, None)."""
     key = name.strip().lower().split("/")[-1]
-    key = MODEL_ALIASES.get(key, key)
+    if key in MODEL_ALIASES or key in BUILTIN_MODELS:
+        return MODEL_ALIASES.get(key, key), None
+    words = key.split("-")
+    if words and words[0] == "meta":
+        words = words[1:]
+    weights = next((_WEIGHT_WORDS[word] for word in words if word in _WEIGHT_WORDS), None)
+    kept = [word for word in words if word not in _VARIANT_WORDS and word not in _WEIGHT_WORDS]
+    key = "-".join(kept)
+    return MODEL_ALIASES.get(key, key), weights
+
+
+def builtin_model(name: str) -> ModelShape:
+    """The built-in shape ``name`` means (:func:`model_key`: a Hub id such as
+    ``meta-llama/Llama-3.1-8B-Instruct`` is fine)."""
+    key, _ = model_key(name)
     shape = BUILTIN_MODELS.get(key)
     if shape is None:
         known = ", ".join(sorted(BUILTIN_MODELS))
@@ -236,8 +274,6 @@ def load_model_config(path: str | Path) -> dict[str, Any]:
 # Hybrid and exotic attention the planner refuses rather than miscount.
 _MIXED_ATTENTION_TYPES = {"gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss", "llama4", "llama4_text"}
 _UNIFORM_WINDOW_TYPES = {"mistral", "mixtral", "phi3", "starcoder2"}
-# transformers' config defaults when "sliding_window" is absent (MistralConfig: 4096).
-_DEFAULT_WINDOWS = {"mistral": 4096}
 _DTYPES = {
     "bfloat16": "bfloat16",
     "bf16": "bfloat16",
@@ -362,8 +398,9 @@ def _check_attention_layout(config: dict[str, Any], model_type: str, where: str)
                 f"{config.get('max_window_layers')!r}: mixed sliding/full layers are not planned"
             )
         return None
-    # An absent key takes the transformers config class's default, as vLLM reads it.
-    window = config["sliding_window"] if "sliding_window" in config else _DEFAULT_WINDOWS.get(model_type)
+    # An absent key is full attention: the larger KV, never an optimistic plan (transformers'
+    # MistralConfig would default it to 4096; shape_from_config says so)
+    window = config.get("sliding_window")
     if window is None:
         return None
     if model_type in _UNIFORM_WINDOW_TYPES:
@@ -419,6 +456,11 @@ def shape_from_config(config: dict[str, Any], name: str = "config.json") -> Mode
         notes.append("float32 checkpoint: vLLM's --dtype auto serves it in 16-bit")
         dtype = "bfloat16"
     window = _check_attention_layout(config, model_type, where)
+    if model_type in _UNIFORM_WINDOW_TYPES and "sliding_window" not in config:
+        notes.append(
+            "config.json has no sliding_window: planned as full attention (the larger KV cache); "
+            "transformers would default a mistral config to a 4,096-token window — add the key to say"
+        )
     if window is not None and window >= positions:
         window = None  # a window as long as the context is full attention
     num_experts = config.get("num_local_experts") or config.get("num_experts") or 0

@@ -65,10 +65,14 @@ def test_config_mistral_v01_uniform_window() -> None:
     assert sequence_blocks(shape, 8192, 2048) == (4095 + 2048 + 15) // 16 + 1
 
 
-def test_config_mistral_window_key_absent_takes_transformers_default() -> None:
-    """No "sliding_window" key: transformers' MistralConfig default (4,096) applies, as vLLM
-    reads it; absent does not mean full attention."""
-    assert load("mistral-7b-instruct-v0.1.json").sliding_window == 4096
+def test_config_mistral_window_key_absent_is_planned_as_full_attention() -> None:
+    """No "sliding_window" key (issue 17): transformers' MistralConfig would default it to a
+    4,096-token window, but a file that does not say so is planned with full attention — the
+    larger KV, so never an optimistic plan — and the plan says why."""
+    shape = load("mistral-7b-instruct-v0.1.json")
+    assert shape.sliding_window is None
+    assert [note for note in shape.notes if "no sliding_window" in note]
+    assert sequence_blocks(shape, 8192, 2048) == 8192 // 16
 
 
 def test_config_gemma2_mixed_attention_refused() -> None:
