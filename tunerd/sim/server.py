@@ -25,66 +25,19 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import IO, Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tunerd.planner.bills import VLLM_KV_DTYPE
 from tunerd.sim.board import GpuBoard
 from tunerd.sim.engine import CudaOutOfMemory, Neighbour, Request, SimEngine, SimGpu, StartupFailure
+from tunerd.sim.exposition import RequestMetrics
 from tunerd.sim.logtext import VLLM_VERSION, LogFormat, gib, oom_lines, startup_failure_lines
 from tunerd.units import GIB
 
 __all__ = ["ServeOptions", "SimClock", "SimServer"]
 
-#: Histogram buckets of vLLM 0.33 (reference/vllm-facts.md §1).
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-REQUEST_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
 STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL, in simulated seconds
 BOARD_INTERVAL_S = 0.05  # how often a shared card's board is read and written (wall seconds)
 DEATH_LINGER_S = 5.0  # the API server's watchdog notices a dead engine within 5 s
@@ -217,28 +170,9 @@ class SimServer:
         #: reason → requests refused by admission control (vllm:admission_rejections_total)
         self.admission_rejections = {"max_num_queued_reqs": 0, "max_num_queued_tokens": 0}
         self.registry = CollectorRegistry(auto_describe=False)
-        labels = ["engine", "model_name"]
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            labels,
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
-        )
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            labels,
-            buckets=REQUEST_BUCKETS,
-            registry=self.registry,
-        )
-        self.queue = Histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            labels,
-            buckets=REQUEST_BUCKETS,
-            registry=self.registry,
-        )
+        #: the request and step histograms and counters; made once the engine's max_model_len
+        #: is known (the token histograms' buckets end there)
+        self.metrics: RequestMetrics | None = None
         self.httpd: ThreadingHTTPServer | None = None
 
     # -- logging --------------------------------------------------------------------------
@@ -250,7 +184,13 @@ class SimServer:
     # -- start-up -------------------------------------------------------------------------
     def _start(self) -> bool:
         options = self.options
-        self.emit(self.log.line(f"vLLM API server version {VLLM_VERSION} (tunerd simulator)"))
+        # 0.32/0.33 entrypoints/serve/utils/api_utils.py:327 (plain: VLLM_DISABLE_LOG_LOGO)
+        self.emit(
+            self.log.line(
+                f"vLLM server version {VLLM_VERSION}, serving model {options.model} (tunerd simulator)",
+                source="api_utils.py:327",
+            )
+        )
         self.emit(self.log.line(f"non-default args: {options.non_default_args}", source="api_utils.py:286"))
         try:
             self.engine = self._engine_factory(self.clock.now())
@@ -262,6 +202,7 @@ class SimServer:
                 self.emit(*startup_failure_lines(self.log, failure.lines))
             return False
         engine = self.engine
+        self.metrics = RequestMetrics(self.registry, options.served_model_name, engine.max_model_len)
         self.emit(
             self.log.engine(
                 f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: "
@@ -353,6 +294,7 @@ class SimServer:
                     return
                 if result is not None:
                     duration = result.duration
+                    self._observe_step(result.tokens)
                     for request in result.finished:
                         self._observe(request)
                     self.lock.notify_all()
@@ -376,13 +318,12 @@ class SimServer:
             self.clock.sleep(duration if duration > 0 else 0.05 * self.clock.scale / 20)
 
     def _observe(self, request: Request) -> None:
-        labels = ("0", self.options.served_model_name)
-        if request.first_token_at is not None:
-            self.ttft.labels(*labels).observe(request.first_token_at - request.arrival)
-        if request.finished_at is not None:
-            self.e2e.labels(*labels).observe(request.finished_at - request.arrival)
-        if request.scheduled_at is not None:
-            self.queue.labels(*labels).observe(request.scheduled_at - request.arrival)
+        if self.metrics is not None:
+            self.metrics.finished(request)
+
+    def _observe_step(self, tokens: int) -> None:
+        if self.metrics is not None:
+            self.metrics.step(tokens)
 
     def _die(self, oom: CudaOutOfMemory) -> None:
         """Called with the lock held: print vLLM's OOM text, fail everything, exit soon."""
@@ -402,27 +343,49 @@ class SimServer:
         self._shutdown_http()
 
     def cache_config_labels(self) -> dict[str, str]:
+        """``vllm:cache_config_info``'s labels: vLLM 0.32's whole set (the CPU build's recorded
+        page, tests/data/vllm/metrics-0.32-load.txt), at a GPU engine's values."""
         engine = self.engine
         settings = engine.settings
         memory_bytes = settings.kv_cache_memory_bytes
         return {
+            "_block_size_resolved": "True",
             "block_size": "16",
-            "user_specified_block_size": "None",
-            "kv_cache_layout": "None",
-            "gpu_memory_utilization": str(settings.gpu_memory_utilization),
             "cache_dtype": VLLM_KV_DTYPE.get(settings.kv_cache_dtype, settings.kv_cache_dtype),
-            "is_attention_free": "False",
-            "num_gpu_blocks_override": "None",
-            "sliding_window": "None",
+            "cache_hit_alignment_tokens": "None",
+            "effective_attention_block_size": "16",
+            "enable_mamba_shared_prefix_checkpoint": "False",
             "enable_prefix_caching": str(settings.enable_prefix_caching),
-            "prefix_caching_hash_algo": "sha256",
-            "num_gpu_blocks": str(engine.num_blocks),
-            "num_cpu_blocks": "None",
-            "kv_cache_size_tokens": str(int(engine.pool.max_concurrency * engine.max_model_len)),
+            "engine": "0",
+            "gpu_memory_utilization": str(settings.gpu_memory_utilization),
+            "hash_block_size": "None",
+            "is_attention_free": "False",
+            "kv_cache_dtype_skip_layers": "[]",
+            "kv_cache_layout": "None",
             "kv_cache_max_concurrency": str(round(engine.pool.max_concurrency, 2)),
             "kv_cache_memory_bytes": str(memory_bytes) if memory_bytes is not None else "None",
+            "kv_cache_size_tokens": str(int(engine.pool.max_concurrency * engine.max_model_len)),
+            "kv_offloading_backend": "native",
+            "kv_offloading_size": "None",
             "kv_sharing_fast_prefill": "False",
-            "engine": "0",
+            "mamba_block_size": "None",
+            "mamba_cache_dtype": "auto",
+            "mamba_cache_mode": "none",
+            "mamba_page_size_padded": "None",
+            "mamba_ssm_cache_dtype": "float32",
+            "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(engine.num_blocks),
+            "num_gpu_blocks_override": "None",
+            "prefix_cache_retention_interval": "0",
+            "prefix_caching_hash_algo": "sha256",
+            "prefix_match_unit": "None",
+            "replayssm_buffer_len": "16",
+            "skip_page_size_padded": "None",
+            "sliding_window": "None",
+            "swa_bounded_replay": "True",
+            "use_kda_recoverssm": "False",
+            "use_replayssm": "False",
+            "user_specified_block_size": "False",
         }
 
     # -- HTTP -----------------------------------------------------------------------------
@@ -622,6 +585,9 @@ class SimServer:
                     except OSError:  # the client went away: abort the request, as vLLM does
                         self.lock.acquire()
                         self.engine.abort(request, "client disconnected")
+                        self._observe(
+                            request
+                        )  # vLLM counts it: request_success_total{finished_reason="abort"}
                         self._requests.pop(request.id, None)
                         self.lock.notify_all()
                         return 499, {}
@@ -727,6 +693,14 @@ class _Handler(BaseHTTPRequestHandler):
                 f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" '
                 f"{args[1] if len(args) > 1 else ''}"
             )
+
+    def handle(self) -> None:
+        """A client that went away mid-request (a timeout, a closed stream, a cut body) ends
+        its connection quietly, as uvicorn does — not with a traceback in the engine's log."""
+        try:
+            super().handle()
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
 
     def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
         self.send_response(status)
