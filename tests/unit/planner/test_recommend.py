@@ -335,3 +335,22 @@ class TestWhatVllmAccepts:
         plan = _plan(gpu="rtx3090", weights="awq", kv="fp8", concurrency=4, context=32768)
         assert plan.recommendation.kv_dtype == "fp8"
         assert [w for w in plan.warnings if "no native fp8" in w]
+
+
+@pytest.mark.parametrize(
+    ("name", "gib", "arch"),
+    [
+        ("rtx4080", 15.67, "ada"),
+        ("4070ti", 11.73, "ada"),
+        ("a10g", 21.98, "ampere"),
+        ("l4", 22.03, "ada"),
+        ("h100-pcie", 79.11, "hopper"),
+        ("h100-sxm", 79.11, "hopper"),
+    ],
+)
+def test_the_common_cards_are_profiled_at_the_total_cuda_reports(name: str, gib: float, arch: str) -> None:
+    """Issue 17's cards, at the smallest recent CUDA total found for each (docs/planner.md)."""
+    profile = gpu_profile(name)
+    assert round(profile.total_bytes / 2**30, 2) == gib
+    assert profile.arch == arch
+    assert profile.total_bytes < profile.nvidia_smi_total_mib * 2**20  # the driver keeps some
