@@ -170,12 +170,20 @@ def memory_ratchet(store: Store, scope: str, now: float, headroom_below: float |
 
 
 def over_budget(store: Store, scope: str, now: float, by: float | None = None) -> Detection:
+    """The engine holds more than vLLM's budget *and* what lives outside it
+    (``engine_outside_budget_bytes``: its CUDA context) by more than ``by``: the slack is
+    being eaten. A warm engine at its budget holds its context beyond it, which is not."""
     if store.latest("engine_over_budget_bytes", scope) is None:
         return Detection(False)
     over = _latest(store, "engine_over_budget_bytes", scope, now)
     if over is None:
         return Detection(None)
-    return Detection(over > (by or 0), {"over_budget_bytes": int(over)})
+    outside = _latest(store, "engine_outside_budget_bytes", scope, now) or 0
+    excess = over - outside
+    return Detection(
+        excess > (by or 0),
+        {"over_budget_bytes": int(over), "outside_budget_bytes": int(outside), "excess_bytes": int(excess)},
+    )
 
 
 def neighbour_growth(

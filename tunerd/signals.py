@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunerd.gpu import GpuSample
+from tunerd.planner.bills import CUDA_CONTEXT_BYTES
 from tunerd.units import GIB
 
 __all__ = [
@@ -43,6 +44,7 @@ GPU_SIGNALS = (
 ENGINE_MEMORY_SIGNALS = (
     "engine_memory_bytes",
     "engine_over_budget_bytes",
+    "engine_outside_budget_bytes",
     "other_processes_memory_bytes",
 )
 #: From vLLM's /metrics (DESIGN §4.3 names), plus whether the engine answers at all.
@@ -115,23 +117,33 @@ class EngineMemory:
     engine_over_budget_bytes: int | None
     other_processes_memory_bytes: int | None
     gpu_index: int | None  # the GPU these numbers come from
+    #: what the engine holds that vLLM's budget does not cover (its CUDA context, NCCL's
+    #: buffers): a healthy engine reads this much over budget once it is warm
+    engine_outside_budget_bytes: int | None = None
 
     def as_signals(self) -> dict[str, float | None]:
         return {
             "engine_memory_bytes": self.engine_memory_bytes,
             "engine_over_budget_bytes": self.engine_over_budget_bytes,
+            "engine_outside_budget_bytes": self.engine_outside_budget_bytes,
             "other_processes_memory_bytes": self.other_processes_memory_bytes,
         }
 
 
 def engine_memory(
-    gpus: Iterable[GpuSample], engine_pids: Iterable[int], gpu_memory_utilization: float | None
+    gpus: Iterable[GpuSample],
+    engine_pids: Iterable[int],
+    gpu_memory_utilization: float | None,
+    outside_budget_bytes: int | None = None,
 ) -> EngineMemory:
     """Engine memory per DESIGN §4.7 on the engine's GPUs, taking the worst one.
 
     ``engine_memory_bytes`` sums the engine's processes on a GPU, ``other_processes`` the rest
     of the listed processes; ``engine_over_budget_bytes = engine − ceil(utilization × total)``
     (vLLM's own budget arithmetic, on the CUDA-visible total: :func:`cuda_total_bytes`).
+    ``outside_budget_bytes`` (default: the planner's CUDA context, 400 MiB) is what the
+    engine holds beyond vLLM's budget when healthy — the ``over_budget`` detector subtracts it,
+    so a warm engine at its budget does not read as eating the slack.
     The worst GPU is the one most over budget (or, without a budget, the one where the engine
     uses most); a GPU whose numbers are unknown (lost, MIG, an unreadable process list) only
     counts when no GPU is known. A process whose usage the driver does not report makes the
@@ -156,7 +168,10 @@ def engine_memory(
         total = cuda_total_bytes(gpu)
         if mine is not None and total and gpu_memory_utilization is not None:
             over = mine - math.ceil(total * gpu_memory_utilization)
-        candidate = EngineMemory(mine, over, others, gpu.index)
+        outside = (
+            (CUDA_CONTEXT_BYTES if outside_budget_bytes is None else outside_budget_bytes) if mine else None
+        )
+        candidate = EngineMemory(mine, over, others, gpu.index, outside)
         # Known beats unknown: a lost or unreadable GPU never hides a healthy one's numbers.
         if over is not None:
             key: tuple[int, float] = (2, over)

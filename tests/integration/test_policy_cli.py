@@ -111,3 +111,20 @@ def test_policy_check_refuses_an_alias_bomb_at_once(tmp_path: Path) -> None:
         result.stderr
         == "bomb.yaml:2: YAML anchors and aliases (&x, *x) are not accepted: write the values out\n"
     )
+
+
+SHIPPED = sorted([*(ROOT / "policies").glob("*.yaml"), *(ROOT / "policies" / "examples").glob("*.yaml")])
+
+
+@pytest.mark.parametrize("policies", SHIPPED, ids=[path.stem for path in SHIPPED])
+def test_every_shipped_policy_file_has_passing_tests_and_a_healthy_engine_fires_none(policies: Path) -> None:
+    """Issue 17: each shipped file has its policy tests (tests/policies/STEM_test.yaml), they
+    pass the user's way (`tunerd policy test FILE`), and one of them is a healthy engine that
+    fires nothing — the desktop example's over_budget used to warn on a healthy engine for ever."""
+    test = ROOT / "tests" / "policies" / f"{policies.stem}_test.yaml"
+    assert test.exists(), f"{policies} has no tests: write {test.relative_to(ROOT)}"
+    assert f"../../{policies.relative_to(ROOT)}" in test.read_text()
+    result = tunerd("policy", "test", str(test.relative_to(ROOT)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    healthy = [line for line in result.stdout.splitlines() if line.startswith("PASS") and "a healthy" in line]
+    assert healthy, result.stdout

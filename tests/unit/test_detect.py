@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunerd import detect
+from tunerd import detect, signals
 from tunerd.planner.gpus import gpu_profile
 from tunerd.planner.shapes import builtin_model
 from tunerd.sim.engine import EngineSettings, Neighbour, Request, SimEngine, SimGpu
@@ -148,3 +148,55 @@ def test_absent_series_is_false_missing_reading_is_unknown() -> None:
     assert detect.over_budget(store, "e", 0.0).active is False
     store.record("engine_over_budget_bytes", "e", 0.0, None)
     assert detect.over_budget(store, "e", 0.0).active is None
+
+
+def _over_budget_trace(drift_bytes_per_s: float) -> tuple[Store, float]:
+    """The seed's engine (8B AWQ, 0.92, fp8 KV, 2,048 batched tokens) on a 4090 serving four
+    20K-token prompts, its signals computed as the daemon computes them (signals.engine_memory
+    over the simulated card's own GPU reading); the time of the last sample."""
+    gpu = SimGpu(gpu_profile("rtx4090"), [Neighbour(4_194_305, "Xorg", 300 * MIB)])
+    engine = SimEngine(
+        builtin_model("llama-3.1-8b"),
+        gpu,
+        "awq",
+        EngineSettings(0.92, 32768, 8, 2048, "fp8"),
+        pid=1,
+        frag_max=0.0,
+        drift_bytes_per_s=drift_bytes_per_s,
+    )
+    store = Store(capacity=10_000)
+    now, next_sample = 0.0, 0.0
+    for n in range(4):
+        engine.submit(Request(f"r{n}", 20_000, 256, now, ignore_eos=True))
+    while now < 300.0:
+        engine.tick(now)
+        result = engine.step(now) if engine.has_work else None
+        now += result.duration if result and result.duration else 0.05
+        while next_sample <= now:
+            memory = signals.engine_memory([engine.gpu_sample(next_sample)], {1}, 0.92)
+            for name, value in memory.as_signals().items():
+                store.record(name, "e", next_sample, value)
+            next_sample += INTERVAL
+    return store, next_sample - INTERVAL
+
+
+def test_a_warm_healthy_engine_is_not_over_budget_by_its_cuda_context() -> None:
+    """Issue 17: the engine's CUDA context lives outside vLLM's budget, so a healthy engine at
+    the seed's settings read +167 MiB over budget idle and +398 MiB after a prompt, and the
+    desktop example's `over_budget by 256MiB` would have warned for ever. The detector takes
+    the context off (engine_outside_budget_bytes)."""
+    store, end = _over_budget_trace(0.0)
+    over = store.latest("engine_over_budget_bytes", "e")
+    assert over is not None
+    assert over.value is not None
+    assert over.value > 256 * MIB  # the raw signal: budget plus the context, as DESIGN §4.7 defines it
+    found = detect.over_budget(store, "e", end, by=256 * MIB)
+    assert found.active is False, found.evidence
+    assert found.evidence["excess_bytes"] < 256 * MIB
+
+
+def test_an_engine_that_leaks_past_its_budget_and_context_is_over_budget() -> None:
+    store, end = _over_budget_trace(drift_bytes_per_s=4 * MIB)  # ~1.2 GiB in 300 s
+    found = detect.over_budget(store, "e", end, by=256 * MIB)
+    assert found.active is True
+    assert found.evidence["excess_bytes"] > 256 * MIB

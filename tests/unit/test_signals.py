@@ -55,6 +55,7 @@ def test_engine_memory_no_gpus() -> None:
     assert memory.as_signals() == {
         "engine_memory_bytes": None,
         "engine_over_budget_bytes": None,
+        "engine_outside_budget_bytes": None,
         "other_processes_memory_bytes": None,
     }
 

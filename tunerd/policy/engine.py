@@ -62,6 +62,7 @@ _CATEGORY_ORDER = {"crash": 0, "memory": 1, "saturation": 2, "other": 3}
 _MEMORY_METRICS = {
     "engine_memory_bytes",
     "engine_over_budget_bytes",
+    "engine_outside_budget_bytes",
     "other_processes_memory_bytes",
     "gpu_memory_used_bytes",
     "gpu_memory_free_bytes",
