@@ -14,7 +14,7 @@ VLLM_STAMP   := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 VLLM_CLI     := contrib/vllm-cpu
 VLLM_CLI_STAMP := $(VLLM_VENV)/.installed-cli
 
-.PHONY: demo test test-vllm fuzz lint unit bench format clean
+.PHONY: demo test test-vllm test-flags fuzz lint unit bench format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tunerd needs Python >= 3.11")'
@@ -48,6 +48,11 @@ test: $(STAMP) $(VLLM_STAMP) $(VLLM_CLI_STAMP) lint
 # Only the tests that start a real vLLM (each module starts one engine, ~30 s).
 test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_CLI_STAMP)
 	TUNERD_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -m realvllm
+
+# vLLM's own parser and create_engine_config() over every flag list tunerd emits. Against
+# another vLLM (0.33 on a GPU host): make test-flags TUNERD_VLLM_PYTHON=/path/to/its/python
+test-flags: $(STAMP)
+	$(BIN)/python -m pytest tests/integration/test_vllm_accepts_flags.py
 
 # The slow fuzz tier (docs/security.md): every parser and loader's properties with 10,000 cases
 # each (`make test` runs 100 of each). FUZZ_EXAMPLES=... to change the count.
