@@ -233,7 +233,7 @@ def test_seed_config_serves_the_seed_load(tmp_path: Path) -> None:
     assert json.loads(inspect_metrics.stdout)["generation_tokens_total"] == 8 * 512
     assert inspect_log.returncode == 0
     assert json.loads(inspect_log.stdout)["crash"] is None
-    assert json.loads(inspect_log.stdout)["kv_cache_size_tokens"] == 259_136
+    assert json.loads(inspect_log.stdout)["kv_cache_size_tokens"] == 259_744
 
 
 def test_greedy_config_ratchets_then_ooms(tmp_path: Path) -> None:

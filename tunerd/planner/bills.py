@@ -29,6 +29,7 @@ __all__ = [
     "KV_DTYPES",
     "KV_DTYPE_WORDS",
     "NON_TORCH_BYTES",
+    "VLLM_VERSION",
     "WEIGHT_FORMATS",
     "Activation",
     "KvPool",
@@ -52,13 +53,27 @@ VOCAB_PADDING = 64
 CUDA_CONTEXT_BYTES = 400 * MIB
 #: NCCL buffers with tensor parallelism, also allocated before the snapshot (outside).
 NCCL_BYTES = 256 * MIB
-#: Memory outside PyTorch's allocator that grows during profiling (cuBLAS/cuDNN workspaces):
-#: inside the budget. With the activation model below it reproduces the 0.52–0.54 GiB that
-#: vLLM 0.17 left between weights and KV for Llama-3.1-8B at 2,048 batched tokens.
-NON_TORCH_BYTES = 150 * MIB
-#: The sampler's profile run holds fp32 logits, probabilities and a sorted copy: bytes per
-#: (request, vocabulary entry).
-SAMPLER_BYTES_PER_LOGIT = 12
+#: What grows during vLLM's profile run outside the activation peak: kernel modules loaded
+#: (cuBLAS, attention, Triton) and the cuBLAS workspace — inside the budget. With the profile
+#: model below it leaves the 0.53–0.55 GiB vLLM 0.17 left between weights and KV for
+#: Llama-3.1-8B at 256 sequences and 2,048 batched tokens (tests/data/vllm_startup_records.json).
+NON_TORCH_BYTES = 64 * MIB
+#: cuBLAS keeps a larger workspace on Hopper (32 MiB against 8 MiB), inside the budget.
+HOPPER_WORKSPACE_BYTES = 24 * MIB
+#: The version of vLLM the planner models unless told otherwise.
+VLLM_VERSION = (0, 33)
+#: The profile run's sampler pass (``_dummy_sampler_run``, vLLM 0.32
+#: ``v1/worker/gpu_model_runner.py:5927``) holds, per (request, vocabulary entry), from 0.17 on:
+#: the bf16 logits (2 B), their fp32 copy (4), the softmax probabilities (4) and the
+#: exponential noise of the sampling (4); top-k/top-p run in place in Triton.
+SAMPLER_BYTES_PER_LOGIT = 14
+#: Before 0.17 top-k/top-p sorted the logits (``torch.sort``): bf16 2 + fp32 4 + sorted values 4
+#: + int64 indices 8 + the reverse index 8 + CUB's double buffers ~12. Measured: 4.90 GiB
+#: non-KV for Llama-3-8B at 1,024 sequences on an H200 (vLLM 0.11.2).
+SORT_SAMPLER_BYTES_PER_LOGIT = 38
+#: The Triton top-k/top-p kernel's scratch: 4 B × min(SMs, requests) × vocabulary (vLLM 0.32
+#: ``v1/sample/ops/topk_topp_triton.py``); 132 SMs, an H100's, the most of the common cards.
+TOPK_SCRATCH_ROWS = 132
 #: CUDA graph estimate: a fixed part plus buffers per layer, captured batch size and hidden
 #: unit. Calibrated on vLLM 0.19's "Estimated CUDA graph memory: 0.84 GiB" for an 8B Llama at
 #: the largest capture size (512).
@@ -122,10 +137,13 @@ class WeightCount:
     linear_bytes: int
     scale_bytes: int  # quantization scales, zeros and indexes
     sixteen_bit_bytes: int  # embeddings + lm_head + other
+    #: buffers the model allocates as it loads: the rotary embedding's cos/sin cache
+    #: (max_position_embeddings × head_dim, 16-bit), counted by vLLM's "Model loading took"
+    buffer_bytes: int = 0
 
     @property
     def bytes(self) -> int:
-        return self.linear_bytes + self.scale_bytes + self.sixteen_bit_bytes
+        return self.linear_bytes + self.scale_bytes + self.sixteen_bit_bytes + self.buffer_bytes
 
 
 def _padded_vocab(vocab: int, tp: int) -> int:
@@ -246,6 +264,7 @@ def count_weights(shape: ModelShape, fmt: str, tp: int = 1, group_size: int | No
         linear_bytes=linear_bytes,
         scale_bytes=scale_bytes,
         sixteen_bit_bytes=2 * (embedding + lm_head + other),
+        buffer_bytes=2 * shape.max_position_embeddings * shape.head_dim,
     )
 
 
@@ -294,35 +313,63 @@ class Activation:
     sampler_bytes: int  # the sampler's logits for min(max_num_seqs, tokens) requests
     tokens: int
     requests: int
+    persistent_bytes: int = 0  # the model runner's input buffers (inputs_embeds)
+    bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT
 
     @property
     def bytes(self) -> int:
-        return max(self.step_bytes, self.sampler_bytes)
+        return max(self.step_bytes, self.sampler_bytes) + self.persistent_bytes
 
 
 def activation_bytes(
-    shape: ModelShape, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1
+    shape: ModelShape,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    tp: int = 1,
+    *,
+    vllm_version: tuple[int, int] = VLLM_VERSION,
 ) -> Activation:
     """The activation peak vLLM's profile run sees (model dtype, 2 B per element).
 
-    A step of T tokens holds about four hidden-sized tensors (residual, normed input,
-    attention and MLP outputs) and the MLP's ``gate_up`` output plus its activation
-    (3 × intermediate, split by TP); MoE layers route each token to ``num_experts_per_tok``
-    experts. Attention tiles over the paged cache, so context length does not enter.
-    The sampler run then holds fp32 logits for one token per request.
+    vLLM 0.32's ``profile_run`` (``v1/worker/gpu_model_runner.py:6133``) runs one eager forward
+    pass of T = ``max_num_batched_tokens`` tokens over B = ``min(max_num_seqs, T)`` requests,
+    then the sampler on B rows; the peak is the larger of the two:
+
+    - the step holds about four hidden-sized tensors (residual, normed input, attention and MLP
+      outputs) and the MLP's ``gate_up`` output plus its activation (3 × intermediate, split by
+      TP); MoE layers route each token to ``num_experts_per_tok`` experts. Attention tiles over
+      the paged cache, so context length does not enter;
+    - the sampler holds ``bytes_per_logit`` per (request, vocabulary entry)
+      (:data:`SAMPLER_BYTES_PER_LOGIT`, or :data:`SORT_SAMPLER_BYTES_PER_LOGIT` before 0.17),
+      the Triton top-k/top-p scratch (0.17+), the step's hidden states and the rows it samples.
+
+    The runner's ``inputs_embeds`` buffer (T × hidden) is there all along.
     """
     tokens = max_num_batched_tokens
+    hidden = shape.hidden_size
     inter = shape.intermediate_size
     if shape.is_moe:
         routed = shape.num_experts_per_tok * shape.moe_intermediate_size
         routed += shape.shared_expert_intermediate_size
         dense_layers = shape.moe_layers < shape.num_hidden_layers
         inter = max(routed, inter) if dense_layers else routed
-    step = tokens * 2 * (4 * shape.hidden_size + 3 * _cdiv(inter, tp))
+    step = tokens * 2 * (4 * hidden + 3 * _cdiv(inter, tp))
     requests = min(max_num_seqs, tokens)
-    sampler = requests * _padded_vocab(shape.vocab_size, 1) * SAMPLER_BYTES_PER_LOGIT
-    sampler += tokens * shape.hidden_size * 2  # the step's hidden states, still alive
-    return Activation(step_bytes=step, sampler_bytes=sampler, tokens=tokens, requests=requests)
+    vocab = _padded_vocab(shape.vocab_size, 1)
+    sort_path = vllm_version < (0, 17)
+    per_logit = SORT_SAMPLER_BYTES_PER_LOGIT if sort_path else SAMPLER_BYTES_PER_LOGIT
+    sampler = requests * vocab * per_logit
+    if not sort_path:
+        sampler += 4 * min(requests, TOPK_SCRATCH_ROWS) * vocab
+    sampler += tokens * hidden * 2 + requests * hidden * 4  # the step's hidden states; the rows sampled
+    return Activation(
+        step_bytes=step,
+        sampler_bytes=sampler,
+        tokens=tokens,
+        requests=requests,
+        persistent_bytes=tokens * hidden * 2,
+        bytes_per_logit=per_logit,
+    )
 
 
 @dataclass(frozen=True)
@@ -332,8 +379,10 @@ class Runtime:
     cuda_context_bytes: int  # outside the budget
     nccl_bytes: int  # outside the budget (tensor parallel only)
     non_torch_bytes: int  # inside
-    cuda_graph_bytes: int  # inside (0 with --enforce-eager)
+    cuda_graph_bytes: int  # 0 with --enforce-eager
     capture_size: int  # largest batch captured in a graph (0 with --enforce-eager)
+    #: vLLM 0.21+ takes the graphs' estimate out of the budget; before, they lived in the slack
+    graphs_in_budget: bool = True
 
     @property
     def bytes(self) -> int:
@@ -341,15 +390,25 @@ class Runtime:
 
     @property
     def outside_budget_bytes(self) -> int:
-        return self.cuda_context_bytes + self.nccl_bytes
+        graphs = 0 if self.graphs_in_budget else self.cuda_graph_bytes
+        return self.cuda_context_bytes + self.nccl_bytes + graphs
 
     @property
     def inside_budget_bytes(self) -> int:
-        return self.non_torch_bytes + self.cuda_graph_bytes
+        return self.non_torch_bytes + (self.cuda_graph_bytes if self.graphs_in_budget else 0)
 
 
-def runtime_bytes(shape: ModelShape, max_num_seqs: int, enforce_eager: bool, tp: int = 1) -> Runtime:
-    """CUDA context, workspaces and the CUDA graph estimate for one GPU."""
+def runtime_bytes(
+    shape: ModelShape,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    tp: int = 1,
+    *,
+    vllm_version: tuple[int, int] = VLLM_VERSION,
+    gpu_arch: str | None = None,
+) -> Runtime:
+    """CUDA context, workspaces and the CUDA graph estimate for one GPU (``gpu_arch``:
+    ``hopper`` keeps a larger cuBLAS workspace)."""
     capture = 0 if enforce_eager else min(2 * max_num_seqs, CUDA_GRAPH_MAX_CAPTURE)
     graphs = 0
     if capture:
@@ -359,9 +418,10 @@ def runtime_bytes(shape: ModelShape, max_num_seqs: int, enforce_eager: bool, tp:
     return Runtime(
         cuda_context_bytes=CUDA_CONTEXT_BYTES,
         nccl_bytes=NCCL_BYTES if tp > 1 else 0,
-        non_torch_bytes=NON_TORCH_BYTES,
+        non_torch_bytes=NON_TORCH_BYTES + (HOPPER_WORKSPACE_BYTES if gpu_arch == "hopper" else 0),
         cuda_graph_bytes=graphs,
         capture_size=capture,
+        graphs_in_budget=vllm_version >= (0, 21),
     )
 
 

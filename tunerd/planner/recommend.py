@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from tunerd.planner.bills import (
     BLOCK_SIZE,
     VLLM_KV_FLAG,
+    VLLM_VERSION,
     Activation,
     KvPool,
     Runtime,
@@ -71,6 +72,8 @@ class Settings:
     max_num_seqs: int
     tensor_parallel: int = 1
     enforce_eager: bool = False
+    #: the vLLM whose profile run is modelled (the sampler's bytes, where the graphs live)
+    vllm_version: tuple[int, int] = VLLM_VERSION
 
 
 @dataclass(frozen=True)
@@ -179,8 +182,13 @@ def evaluate(
     per_token = kv_bytes_per_token(shape, kv_dtype, tp)
     window = shape.sliding_window
     held_tokens = context if window is None else min(context, window)
-    activation = activation_bytes(shape, settings.max_num_batched_tokens, settings.max_num_seqs, tp)
-    runtime = runtime_bytes(shape, settings.max_num_seqs, settings.enforce_eager, tp)
+    version = settings.vllm_version
+    activation = activation_bytes(
+        shape, settings.max_num_batched_tokens, settings.max_num_seqs, tp, vllm_version=version
+    )
+    runtime = runtime_bytes(
+        shape, settings.max_num_seqs, settings.enforce_eager, tp, vllm_version=version, gpu_arch=gpu.arch
+    )
     model_len = max_model_len if max_model_len is not None else context
     per_request = sequence_blocks(shape, model_len, settings.max_num_batched_tokens)
     pool = kv_pool(
@@ -233,6 +241,7 @@ class PlanRequest:
     tensor_parallel: int = 1
     enforce_eager: bool = False
     quantization: str | None = None  # an explicit vLLM --quantization method, only if asked
+    vllm_version: tuple[int, int] = VLLM_VERSION  # the vLLM whose start-up is modelled
 
 
 @dataclass(frozen=True)
@@ -332,6 +341,7 @@ def _recommend(request: PlanRequest, context: int, concurrency: int) -> Recommen
         max_num_seqs=_recommended_seqs(concurrency),
         tensor_parallel=request.tensor_parallel,
         enforce_eager=request.enforce_eager,
+        vllm_version=request.vllm_version,
     )
     served_context = min(context, shape.max_position_embeddings)
     reasons: list[str] = []
@@ -416,6 +426,7 @@ def _input_settings(request: PlanRequest, concurrency: int) -> Settings:
         ),
         tensor_parallel=request.tensor_parallel,
         enforce_eager=request.enforce_eager,
+        vllm_version=request.vllm_version,
     )
 
 

@@ -328,11 +328,16 @@ def render_explain(plan: Plan) -> list[str]:
         f"{format_size(activation.step_bytes)} (context length does not enter: attention tiles "
         f"over the paged cache)"
     )
+    what = (
+        "bf16 logits, their fp32 copy, probabilities, sampling noise; Triton top-k/top-p scratch"
+        if activation.bytes_per_logit == bills.SAMPLER_BYTES_PER_LOGIT
+        else "logits, fp32 copy and the sort top-k/top-p did before vLLM 0.17"
+    )
     lines.append(
         f"  sampler: {activation.requests} requests × {shape.vocab_size:,} vocab × "
-        f"{bills.SAMPLER_BYTES_PER_LOGIT} B (fp32 logits, probabilities, sorted copy) = "
-        f"{format_size(activation.sampler_bytes)}; the peak is the larger: "
-        f"{format_size(activation.bytes)}"
+        f"{activation.bytes_per_logit} B ({what}) = {format_size(activation.sampler_bytes)}; "
+        f"the peak is the larger, plus the runner's input buffer "
+        f"({format_size(activation.persistent_bytes)}): {format_size(activation.bytes)}"
     )
     runtime = scenario.runtime
     lines.append("")
