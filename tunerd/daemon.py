@@ -46,7 +46,7 @@ from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
 from tunerd.gpu import GpuReading
-from tunerd.notify.alert import Alert
+from tunerd.notify.alert import Alert, Severity
 from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
 from tunerd.outcomes import Mode, Progress
@@ -155,8 +155,9 @@ class Daemon:
         #: writes the state refused (a full disk…) per (job, engine), tried again — a tick's at
         #: the next tick, a reconcile's with backoff; a saga's own are its supervisor's trouble
         self.state_troubles: dict[tuple[str, str], StateTrouble] = {}
-        self._trouble_alert: Alert | None = None  # the state-unwritable alert in force
-        self._gpu_alert: Alert | None = None  # the gpu-source-degraded alert in force
+        #: tunerd's own alerts about the host in force (the state refusing writes, a degraded
+        #: GPU source), each resolved when its condition clears: what → the alert
+        self._host_alerts: dict[str, Alert] = {}
         self._hold_due: dict[str, ActionPlan] = {}  # a plan's hold the state refused to record
         self.exporter: Exporter | None = None
         self.reload_requested = threading.Event()  # SIGHUP sets it; the loop reloads between ticks
@@ -774,64 +775,71 @@ class Daemon:
         found = [(loop.name, loop.supervisor.trouble) for loop in self.engines if loop.supervisor.trouble]
         return found + [(engine, trouble) for (_, engine), trouble in self.state_troubles.items()]
 
+    def _raise(self, what: str, outgoing: Outgoing) -> None:
+        """Send one of tunerd's own alerts about the host and keep it until :meth:`_clear`."""
+        self._host_alerts[what] = outgoing.alert
+        self._send_alert(outgoing)
+
+    def _clear(self, what: str, text: str) -> Alert | None:
+        """Resolve the alert ``what`` raised, if one is in force; the alert, or None."""
+        alert = self._host_alerts.pop(what, None)
+        if alert is not None:
+            self._send_alert(Outgoing(alert.resolved(self.clock.now(), text), None, self.mode))
+        return alert
+
+    def _host_alert(self, event: str, severity: Severity, title: str, summary: str) -> Outgoing:
+        """An alert about the host, not one engine: to every sink, named by every engine."""
+        engines = ", ".join(loop.name for loop in self.engines) or "-"
+        return engine_alert(
+            engines,
+            event,
+            severity=severity,
+            title=title,
+            summary=summary,
+            host=self.host,
+            now=self.clock.now(),
+            mode=self.mode,
+            undo=None,
+        )
+
     def _state_health(self) -> None:
         """One critical alert (``state-unwritable``) when the state begins to refuse writes,
         resolved once they all go through again; said in the log at both ends."""
         troubles = self.troubles()
-        now = self.clock.now()
-        if troubles and self._trouble_alert is None:
+        if troubles and "state" not in self._host_alerts:
             engine, trouble = troubles[0]
-            event = "state-unwritable" if trouble.unwritable else "state-error"
+            self.say("state_trouble", engine=engine, what=trouble.what, error=trouble.error)
             outgoing = engine_alert(
                 engine,
-                event,
+                "state-unwritable" if trouble.unwritable else "state-error",
                 severity="critical",
                 title=f"tunerd cannot write its state ({self.config.state_dir})",
                 summary=f"{trouble.what}: {trouble.error}; tunerd goes on and tries again with backoff "
                 "(free space, or make the state folder writable)",
                 host=self.host,
-                now=now,
+                now=self.clock.now(),
                 mode=self.mode,
                 undo=None,
             )
-            self._trouble_alert = outgoing.alert
-            self.say("state_trouble", engine=engine, what=trouble.what, error=trouble.error)
-            self._send_alert(outgoing)
-        elif not troubles and self._trouble_alert is not None:
-            alert, self._trouble_alert = self._trouble_alert, None
+            self._raise("state", outgoing)
+        elif not troubles and (alert := self._clear("state", "writes to the state go through again")):
             self.say("state_trouble_over", engine=alert.engine)
-            self._send_alert(
-                Outgoing(alert.resolved(now, "writes to the state go through again"), None, self.mode)
-            )
 
     def _gpu_health(self) -> None:
         """One alert (``gpu-source-degraded``) when the GPU source has failed long enough —
         tunerd goes on supervising, blind to GPU memory — resolved when readings come back."""
         health = self.sampler.health()
-        now = self.clock.now()
-        if health.degraded and self._gpu_alert is None:
-            lacks = f"; the driver lacks {health.unsupported}" if health.unsupported else ""
-            outgoing = engine_alert(
-                self.engines[0].name if self.engines else "-",
-                "gpu-source-degraded",
-                severity="warning",
-                title=f"tunerd cannot read the GPU ({health.source})",
-                summary=f"{health.failures_in_a_row} readings in a row failed: {health.error}{lacks}; "
-                "engines are still supervised (crashes restarted) but GPU memory is not watched",
-                host=self.host,
-                now=now,
-                mode=self.mode,
-                undo=None,
-            )
-            self._gpu_alert = outgoing.alert
+        if health.degraded and "gpu" not in self._host_alerts:
             self.say("gpu_source_degraded", source=health.source, error=health.error)
-            self._send_alert(outgoing)
-        elif health.state == "ok" and self._gpu_alert is not None:
-            alert, self._gpu_alert = self._gpu_alert, None
-            self.say("gpu_source_recovered", source=health.source)
-            self._send_alert(
-                Outgoing(alert.resolved(now, "GPU readings come through again"), None, self.mode)
+            lacks = f"; not available from this driver: {health.unsupported}" if health.unsupported else ""
+            summary = (
+                f"{health.failures_in_a_row} readings in a row failed: {health.error}{lacks}; engines "
+                "are still supervised (crashes restarted) but GPU memory is not watched"
             )
+            title = f"tunerd cannot read the GPU ({health.source})"
+            self._raise("gpu", self._host_alert("gpu-source-degraded", "warning", title, summary))
+        elif health.state == "ok" and self._clear("gpu", "GPU readings come through again"):
+            self.say("gpu_source_recovered", source=health.source)
 
     def _record_signals(
         self, loop: EngineLoop, reading: GpuReading, now: float, settings: Mapping[str, Any], generation: int

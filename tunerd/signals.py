@@ -131,19 +131,17 @@ class EngineMemory:
 
 
 def engine_memory(
-    gpus: Iterable[GpuSample],
-    engine_pids: Iterable[int],
-    gpu_memory_utilization: float | None,
-    outside_budget_bytes: int | None = None,
+    gpus: Iterable[GpuSample], engine_pids: Iterable[int], gpu_memory_utilization: float | None
 ) -> EngineMemory:
     """Engine memory per DESIGN §4.7 on the engine's GPUs, taking the worst one.
 
     ``engine_memory_bytes`` sums the engine's processes on a GPU, ``other_processes`` the rest
     of the listed processes; ``engine_over_budget_bytes = engine − ceil(utilization × total)``
     (vLLM's own budget arithmetic, on the CUDA-visible total: :func:`cuda_total_bytes`).
-    ``outside_budget_bytes`` (default: the planner's CUDA context, 400 MiB) is what the
-    engine holds beyond vLLM's budget when healthy — the ``over_budget`` detector subtracts it,
-    so a warm engine at its budget does not read as eating the slack.
+    ``engine_outside_budget_bytes`` is what a healthy engine holds beyond vLLM's budget: the
+    planner's CUDA context (400 MiB), an estimate until tunerd measures the box — the
+    ``over_budget`` detector subtracts it, so a warm engine at its budget does not read as
+    eating the slack.
     The worst GPU is the one most over budget (or, without a budget, the one where the engine
     uses most); a GPU whose numbers are unknown (lost, MIG, an unreadable process list) only
     counts when no GPU is known. A process whose usage the driver does not report makes the
@@ -168,9 +166,7 @@ def engine_memory(
         total = cuda_total_bytes(gpu)
         if mine is not None and total and gpu_memory_utilization is not None:
             over = mine - math.ceil(total * gpu_memory_utilization)
-        outside = (
-            (CUDA_CONTEXT_BYTES if outside_budget_bytes is None else outside_budget_bytes) if mine else None
-        )
+        outside = CUDA_CONTEXT_BYTES if mine else None
         candidate = EngineMemory(mine, over, others, gpu.index, outside)
         # Known beats unknown: a lost or unreadable GPU never hides a healthy one's numbers.
         if over is not None:

@@ -291,6 +291,8 @@ class TestRefusesWhatVllmRefuses:
             ("hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4", "llama-3.1-8b", "awq"),
             ("Qwen/Qwen2.5-72B-Instruct-AWQ", "qwen2.5-72b", "awq"),
             ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4", "qwen2.5-7b", "gptq"),
+            ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "qwen2.5-7b", "int8"),  # 8-bit, not GPTQ's usual 4
+            ("unsloth/llama-3-8b-bnb-8bit", "llama-3-8b", "int8"),
             ("Qwen/Qwen3-8B-FP8", "qwen3-8b", "fp8"),
             ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b-v0.3", "bf16"),
             ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b", "fp16"),

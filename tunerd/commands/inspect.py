@@ -286,4 +286,7 @@ def _gpu_text(reading: GpuReading) -> str:
     lacking = reading.details.get("unsupported")
     if lacking:
         lines.append(f"not available from this driver or GPU: {lacking}")
+    fallbacks = reading.details.get("process_calls")
+    if fallbacks:
+        lines.append(f"read through older calls: {fallbacks}")
     return "\n".join(lines) + "\n"

@@ -27,7 +27,6 @@ from tunerd.planner.shapes import (
     ModelShape,
     builtin_model,
     load_model_config,
-    model_key,
     shape_from_config,
 )
 from tunerd.units import format_size
@@ -224,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = _resolve_gpu(args)
     if args.concurrency is None and args.context is None:
         raise UsageError("give --concurrency N, --context TOKENS, or both")
-    named = model_key(args.model)[1] if args.model else None  # Qwen/…-AWQ: AWQ weights
-    weights = args.weights or named or shape.native_weights
+    weights = args.weights or shape.native_weights  # a Hub name's quantization included
     request = PlanRequest(
         shape=shape,
         gpu=gpu,

@@ -14,7 +14,7 @@ import re
 import sys
 
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int, utilization
+from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int, size, utilization
 from tunerd.gpu import GRAPHICS
 from tunerd.planner.bills import KV_DTYPE_WORDS, WEIGHT_FORMATS
 from tunerd.planner.gpus import GPU_PROFILES, custom_gpu, gpu_profile
@@ -50,6 +50,11 @@ examples:
   tunerd sim load --url http://127.0.0.1:8000 --concurrency 4 --prompt-tokens 28000 \\
       --max-tokens 512 --requests 8
 """
+
+
+def _display(text: str) -> int:
+    """A display server's memory: a size with its unit (``300MiB``), or 0 for none."""
+    return 0 if text.strip() == "0" else size(text)
 
 
 def _size(text: str) -> int:
@@ -145,7 +150,7 @@ def _add_serve(commands: argparse._SubParsersAction[Parser]) -> None:
     vllm.add_argument("--tensor-parallel-size", type=positive_int, default=1)
     sim = serve.add_argument_group("simulated world")
     sim.add_argument("--sim-gpu", default="rtx4090", help=f"a GPU profile: {', '.join(GPU_PROFILES)}")
-    sim.add_argument("--sim-gpu-mem", type=_size, help="a custom card of this CUDA-visible size")
+    sim.add_argument("--sim-gpu-mem", type=size, help="a custom card of this CUDA-visible size, e.g. 24GiB")
     sim.add_argument("--sim-model", default="llama-3.1-8b", help="a built-in model shape")
     sim.add_argument("--sim-model-config", help="a Hugging Face config.json instead")
     sim.add_argument("--sim-weights", choices=WEIGHT_FORMATS, help="how the weights are stored")
@@ -156,7 +161,9 @@ def _add_serve(commands: argparse._SubParsersAction[Parser]) -> None:
         help="one simulated card for every engine started with the same FILE: each sees what the others hold",
     )
     sim.add_argument(
-        "--sim-display", type=_size, help=f"display server memory (consumer cards: {DISPLAY_NEIGHBOUR})"
+        "--sim-display",
+        type=_display,
+        help=f"display server memory, e.g. 300MiB (consumer cards: {DISPLAY_NEIGHBOUR}; 0 for none)",
     )
     sim.add_argument("--sim-drift", type=_rate, default=0.0, metavar="RATE", help="a leak, e.g. 0.2GiB/h")
     sim.add_argument(
@@ -224,9 +231,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         else (parse_size(DISPLAY_NEIGHBOUR) if profile.consumer else 0)
     )
     neighbours = [Neighbour(NEIGHBOUR_PID_BASE, "Xorg", display, kind=GRAPHICS)] if display else []
-    for offset, (size, start, growth, name) in enumerate(args.sim_neighbor, start=1):
+    for offset, (held, start, growth, name) in enumerate(args.sim_neighbor, start=1):
         neighbours.append(
-            Neighbour(NEIGHBOUR_PID_BASE + offset, name or f"neighbour-{offset}", size, start, growth)
+            Neighbour(NEIGHBOUR_PID_BASE + offset, name or f"neighbour-{offset}", held, start, growth)
         )
     max_len = args.max_model_len if args.max_model_len not in (None, -1) else None
     settings = EngineSettings(

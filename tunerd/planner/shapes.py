@@ -42,7 +42,7 @@ class ShapeError(InputError):
 class Quantization:
     """How a checkpoint stores its linear layers, as its ``quantization_config`` says."""
 
-    weights: str  # one of the planner's weight formats: int4, int8, fp8 (awq/gptq map to int4)
+    weights: str  # one of the planner's weight formats (a config's awq/gptq are int4; a name's stay awq/gptq)
     method: str  # the checkpoint's quant_method: awq, gptq, fp8, compressed-tensors, ...
     group_size: int | None = None  # int4: input columns per scale; None = per channel
 
@@ -198,20 +198,28 @@ MODEL_ALIASES: dict[str, str] = {
 
 
 #: Words of a checkpoint's name that do not change its shapes (the tuned or converted
-#: variants of a base model), and those that name how its weights are stored.
+#: variants of a base model), and those that say how its weights are stored.
+#: The group size of the common 4-bit checkpoints (AWQ, GPTQ): 128 input columns a scale.
+_INT4_GROUP = 128
 _VARIANT_WORDS = {"instruct", "chat", "hf", "it", "base", "dynamic", "2507"}
-_WEIGHT_WORDS = {
-    "awq": "awq",
-    "gptq": "gptq",
-    "fp8": "fp8",
-    "int8": "int8",
-    "w8a8": "int8",
-    "int4": "int4",
-    "w4a16": "int4",
-    "bnb": "int4",
-    "4bit": "int4",
-    "8bit": "int8",
-}
+_EIGHT_BIT = {"int8", "8bit", "w8a8"}
+_FOUR_BIT_WORDS = {"int4", "4bit", "w4a16"}
+_METHOD_WORDS = {"awq", "gptq", "fp8", "bnb"}
+
+
+def _weights_named(words: list[str]) -> str | None:
+    """The weight format a checkpoint's name says: its bit width first (``-GPTQ-Int8`` is
+    8-bit, not AWQ/GPTQ's usual 4; ``-bnb-8bit`` too), then its method (4-bit AWQ/GPTQ)."""
+    if "fp8" in words:
+        return "fp8"
+    if _EIGHT_BIT & set(words):
+        return "int8"
+    for method in ("awq", "gptq"):
+        if method in words:
+            return method
+    if (_FOUR_BIT_WORDS | {"bnb"}) & set(words):
+        return "int4"
+    return None
 
 
 def model_key(name: str) -> tuple[str, str | None]:
@@ -220,7 +228,7 @@ def model_key(name: str) -> tuple[str, str | None]:
     ``org/`` is dropped and case ignored; so are the words of a tuned or converted variant
     (``-Instruct``, ``-chat-hf``, a leading ``Meta-``) and those of its quantization, which
     come back as the format: ``Qwen/Qwen2.5-72B-Instruct-AWQ`` → (``qwen2.5-72b``, ``awq``),
-    ``hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4`` → (``llama-3.1-8b``, ``awq``),
+    ``Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8`` → (``qwen2.5-7b``, ``int8``),
     ``mistralai/Mistral-7B-Instruct-v0.3`` → (``mistral-7b-v0.3``, None)."""
     key = name.strip().lower().split("/")[-1]
     if key in MODEL_ALIASES or key in BUILTIN_MODELS:
@@ -228,23 +236,27 @@ def model_key(name: str) -> tuple[str, str | None]:
     words = key.split("-")
     if words and words[0] == "meta":
         words = words[1:]
-    weights = next((_WEIGHT_WORDS[word] for word in words if word in _WEIGHT_WORDS), None)
-    kept = [word for word in words if word not in _VARIANT_WORDS and word not in _WEIGHT_WORDS]
-    key = "-".join(kept)
+    weights = _weights_named(words)
+    quantized = _EIGHT_BIT | _FOUR_BIT_WORDS | _METHOD_WORDS
+    key = "-".join(word for word in words if word not in _VARIANT_WORDS and word not in quantized)
     return MODEL_ALIASES.get(key, key), weights
 
 
 def builtin_model(name: str) -> ModelShape:
     """The built-in shape ``name`` means (:func:`model_key`: a Hub id such as
-    ``meta-llama/Llama-3.1-8B-Instruct`` is fine)."""
-    key, _ = model_key(name)
+    ``meta-llama/Llama-3.1-8B-Instruct`` is fine). A quantized checkpoint's name makes its
+    weights the shape's own (``native_weights``), as its ``quantization_config`` would."""
+    key, weights = model_key(name)
     shape = BUILTIN_MODELS.get(key)
     if shape is None:
         known = ", ".join(sorted(BUILTIN_MODELS))
         raise ShapeError(
             f"unknown model '{name}' (built-in: {known}; or pass --model-config path/to/config.json)"
         )
-    return shape
+    if weights is None:
+        return shape
+    group = _INT4_GROUP if weights in {"awq", "gptq", "int4"} else None
+    return replace(shape, quantization=Quantization(weights, weights, group))
 
 
 # ---------------------------------------------------------------------------------------------

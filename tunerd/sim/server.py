@@ -511,11 +511,11 @@ class SimServer:
         a request when the unfinished ones (waiting + running) would pass
         ``max_num_queued_reqs``, or the prompt tokens still in prefill reach
         ``max_num_queued_tokens`` (the whole prompt counts until its prefill is done); the
-        texts are ``QueueOverflowError``'s and ``MaxQueuedTokensError``'s (``vllm/exceptions.py``)."""
+        texts are ``QueueOverflowError``'s and ``MaxQueuedTokensError``'s (``vllm/exceptions.py``).
+        Called with the lock held."""
         options = self.options
-        with self.lock:
-            unfinished = [*self.engine.running, *self.engine.waiting]
-            prefilling = sum(r.prompt_tokens for r in unfinished if r.computed < r.prompt_tokens)
+        unfinished = [*self.engine.running, *self.engine.waiting]
+        prefilling = sum(r.prompt_tokens for r in unfinished if r.computed < r.prompt_tokens)
         if options.max_num_queued_reqs is not None and len(unfinished) + 1 > options.max_num_queued_reqs:
             self.admission_rejections["max_num_queued_reqs"] += 1
             return (
@@ -560,9 +560,6 @@ class SimServer:
                 "BadRequestError",
                 400,
             )
-        refused = self._admission()
-        if refused is not None:
-            return 503, _error(refused, "Service Unavailable", 503)
         request = Request(
             id=f"cmpl-{uuid.uuid4().hex[:16]}",
             prompt_tokens=prompt_tokens,
@@ -571,7 +568,12 @@ class SimServer:
             ignore_eos=bool(body.get("ignore_eos", False)),
             prompt_logprobs=prompt_logprobs,
         )
-        self.submit(request)
+        with self.lock:  # admitted and queued at once: two requests cannot both take the last slot
+            refused = self._admission()
+            if refused is None:
+                self.submit(request)
+        if refused is not None:
+            return 503, _error(refused, "Service Unavailable", 503)
         sent = 0
         with self.lock:
             while not request.done and request.error is None:

@@ -88,7 +88,10 @@ class NvmlSource:
         self._process_names: dict[int, str | None] = {}
         self._alive_pids: set[int] = set()
         self._xid_unavailable = False  # no GPU supports XID events: do not ask every poll
-        self._missing: set[str] = set()  # functions reported unsupported, to say so once
+        #: functions whose absence (or the GPU's "not supported") left a field unread
+        self._missing: set[str] = set()
+        #: kind of process list → how it is read when the newest call is missing
+        self._fallbacks: dict[str, str] = {}
         #: kind of process list → the position in _PROCESS_CALLS of the call this driver answers
         self._process_call: dict[str, int] = {}
         self._xid: XidWatcher | None = None
@@ -117,7 +120,7 @@ class NvmlSource:
             return _Result(call(*args, **kwargs), OK)
         except nvml.NVMLError as error:
             status = self._status_of(error)
-            if status in {NOT_SUPPORTED, MISSING}:
+            if status in {NOT_SUPPORTED, MISSING} and function not in _CAPABILITY_PROBES:
                 self._missing.add(function)
             return _Result(None, status, f"{function}: {error}")
         except mismatch as error:  # a plain Exception: the unversioned call's _v3 is missing
@@ -219,6 +222,8 @@ class NvmlSource:
         details = {"memory_info": self._memory_version or "unknown"}
         if self._missing:
             details["unsupported"] = ", ".join(sorted(self._missing))
+        if self._fallbacks:
+            details["process_calls"] = "; ".join(self._fallbacks[kind] for kind in sorted(self._fallbacks))
         return GpuReading(
             source=self.name, status=OK, gpus=tuple(samples), events=tuple(events), details=details
         )
@@ -281,17 +286,23 @@ class NvmlSource:
         """(total, used, free, reserved) bytes; v2 separates reserved memory from used."""
         nvml = self._module()
         if self._memory_version in {None, "v2"}:
-            try:
-                result = self._query("nvmlDeviceGetMemoryInfo", handle, version=nvml.nvmlMemory_v2)
-            except (TypeError, AttributeError):  # an nvidia-ml-py too old for the version argument
-                result = _Result(None, MISSING)
+            version = getattr(nvml, "nvmlMemory_v2", None)
+            result = (
+                _Result(None, MISSING)  # an nvidia-ml-py older than memory info v2
+                if version is None
+                else self._query("nvmlDeviceGetMemoryInfo", handle, version=version)
+            )
             if result.ok:
                 self._memory_version = "v2"
                 info = result.value
                 return _Result((int(info.total), int(info.used), int(info.free), int(info.reserved)), OK)
-            if result.status not in {NOT_SUPPORTED, MISSING}:
+            # the probe: v2 missing, refused, or the bindings taking no version (a TypeError
+            # the door made an error) — v1 from now on; once v2 worked, a failure is a failure
+            probing = self._memory_version is None and result.status not in {GPU_LOST, DRIVER_GONE}
+            if not (probing or result.status in {NOT_SUPPORTED, MISSING}):
                 return result
             self._memory_version = "v1"
+            self._missing.discard("nvmlDeviceGetMemoryInfo")  # v1 answers: nothing is unread
         result = self._query("nvmlDeviceGetMemoryInfo", handle)
         if not result.ok:
             return result
@@ -342,6 +353,11 @@ class NvmlSource:
             if result.status == MISSING and chosen is None:
                 continue  # not in this driver: an older call may be
             self._process_call[kind] = position
+            if chosen is None and position:  # an older call answers: the newer ones are not a lack
+                skipped = calls[:position]
+                self._missing.difference_update(skipped)
+                label = f"{function} (v1)" if position == v1 else function
+                self._fallbacks[kind] = f"{kind} processes via {label}: the driver lacks {', '.join(skipped)}"
             if not result.ok:
                 return None
             if position == v1:
@@ -383,6 +399,14 @@ class _ProcessInfoV1(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
 
 
+#: Calls whose "not supported" is an answer about the GPU, not a field left unread: a GeForce
+#: has no MIG mode, many GPUs no XID events.
+_CAPABILITY_PROBES = {
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetCreate",
+}
 _NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long: usage unknown
 #: Each list's calls, newest first. ``_v3`` (R510+), ``_v2`` (R450+) are nvidia-ml-py's; the
 #: last is the driver's original C function (v1), which every driver exports. nvidia-ml-py 13's

@@ -243,9 +243,15 @@ class TestOlderDrivers:
         for call in calls:  # once; the original C call twice: the count, then the array
             assert later.count(call) == (2 if lacks == R440 else 1), (call, later)
         assert not [c for c in later if "RunningProcesses" in c and c not in calls], later
+        # what the driver lacks is said where it shows — how the lists are read — and is not
+        # listed as unread, since an older call read them
+        assert "RunningProcesses" not in first.details.get("unsupported", "")
         if lacks:
-            missing = first.details["unsupported"]
-            assert all(name in missing for name in lacks if "Processes" in name), missing
+            said = first.details["process_calls"]
+            assert f"compute processes via {calls[0]}" in said, said
+            assert all(name in said for name in lacks if "Processes" in name), said
+        else:
+            assert "process_calls" not in first.details
 
     def test_a_driver_without_any_process_call_has_no_list_and_is_not_asked_again(self) -> None:
         everything = {
@@ -319,3 +325,32 @@ class TestFailingFields:
         assert reading.status == "ok"
         assert reading.gpus[0].name is None
         assert reading.gpus[0].memory_total_bytes == 24564 * MIB
+
+
+class TestWhatIsSaidMissing:
+    def test_a_geforce_without_mig_or_xid_has_nothing_unsupported(self) -> None:
+        """A GeForce answers 'not supported' to MIG mode and may to XID events: answers about
+        the card, not fields tunerd failed to read."""
+        nvml = _desktop()
+        nvml.devices[0].supports_xid = False
+        reading = NvmlSource(nvml, watch_xid=True).sample()
+        assert "unsupported" not in reading.details, reading.details
+
+    def test_bindings_that_take_no_memory_version_fall_back_to_v1(self) -> None:
+        """An nvidia-ml-py whose nvmlDeviceGetMemoryInfo takes no ``version`` raises TypeError:
+        the door makes it an error, and the probe then settles on v1 (the review found the
+        fallback unreachable behind the door)."""
+        nvml = _desktop()
+        real = nvml.nvmlDeviceGetMemoryInfo
+
+        def old(handle: object) -> object:
+            return real(handle)  # type: ignore[arg-type]
+
+        nvml.nvmlDeviceGetMemoryInfo = old  # type: ignore[method-assign, assignment]
+        source = NvmlSource(nvml, watch_xid=False)
+        first, second = source.sample(), source.sample()
+        for reading in (first, second):
+            assert reading.details["memory_info"] == "v1"
+            assert reading.gpus[0].memory_total_bytes == 24564 * MIB
+            assert reading.gpus[0].memory_reserved_bytes is None
+        assert "unsupported" not in first.details
