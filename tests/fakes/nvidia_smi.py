@@ -2,7 +2,8 @@
 
 Put a wrapper named ``nvidia-smi`` on PATH that runs this file; ``FAKE_SMI_RECORDING`` names a
 JSON file: ``{"query_gpu": {"fields": [...], "file": "path.csv"}, "compute_apps": {...},
-"fail": {"exit": 9, "file": "no-driver.txt"}}``. Behaviour follows the real tool as recorded
+"report": {"file": "q-x.xml"}, "fail": {"exit": 9, "file": "no-driver.txt"}}`` (``report``
+answers ``-q -x``). Behaviour follows the real tool as recorded
 in tests/data/nvidia-smi/PROVENANCE.md: answers go to stdout; a field the recorded driver did
 not report is refused with ``Field "x" is not a valid field to query.`` and exit 2 (messages on
 stdout too); columns come back in the order asked. Every call is appended to
@@ -44,6 +45,9 @@ def main(argv: list[str]) -> int:
     if fail:
         sys.stdout.write(Path(fail["file"]).read_text())
         return int(fail["exit"])
+    if argv[:2] == ["-q", "-x"] and "report" in recording:  # the XML report, as recorded
+        sys.stdout.write(Path(recording["report"]["file"]).read_text())
+        return 0
     for arg in argv:
         for option, key in (("--query-gpu=", "query_gpu"), ("--query-compute-apps=", "compute_apps")):
             if arg.startswith(option):

@@ -14,7 +14,14 @@ deprecated]``), which becomes ``None``, never 0. Drivers without ``memory.reserv
 field, remembers that, and asks again. Without a driver nvidia-smi prints ``NVIDIA-SMI has
 failed because it couldn't communicate with the NVIDIA driver ...`` and exits 9.
 
-``parse_query_gpu`` and ``parse_compute_apps`` are pure, tested on recorded real output;
+Graphics clients (Xorg, a compositor, a browser) are in no CSV query: ``--query-compute-apps``
+lists compute processes only. Every :data:`GRAPHICS_EVERY_S` the backend also reads
+``nvidia-smi -q -x`` (the whole report: ``-d PIDS`` does not work with ``-x``) and takes its
+``<processes>``, whose ``<type>`` is ``C``, ``G`` or ``C+G``; the graphics ones join the compute
+list, one per PID.
+
+``parse_query_gpu``, ``parse_compute_apps`` and ``parse_processes_xml`` are pure, tested on
+recorded real output;
 :class:`SmiSource` runs the commands through an injectable runner. Numbers are read one way:
 ASCII digits with an optional fraction (``24564``, ``85.12``), finite, percentages within
 0–100; any other cell (``1e400``, ``²``, ``-5``, ``nan``) is output nvidia-smi should not have
@@ -27,13 +34,17 @@ import csv
 import math
 import re
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from xml.etree import ElementTree
 
 from tunerd.gpu import (
+    BOTH,
     COMPUTE,
     DRIVER_GONE,
     ERROR,
+    GRAPHICS,
     LIBRARY_MISSING,
     NO_GPU,
     OK,
@@ -48,8 +59,15 @@ __all__ = [
     "SmiError",
     "SmiSource",
     "parse_compute_apps",
+    "parse_processes_xml",
     "parse_query_gpu",
 ]
+
+#: How often the graphics clients are read (``nvidia-smi -q -x`` costs ~0.1–0.3 s): they come
+#: and go with a desktop's windows, not with each sample.
+GRAPHICS_EVERY_S = 10.0
+_XML_MAX_BYTES = 8 << 20  # a box of 8 GPUs reports ~0.3 MiB
+_KINDS = {"C": COMPUTE, "G": GRAPHICS, "C+G": BOTH}
 
 MIB = 1024**2
 GPU_FIELDS = (
@@ -233,6 +251,39 @@ def parse_compute_apps(text: str, fields: Sequence[str] | None = APP_FIELDS) -> 
     return by_gpu
 
 
+def parse_processes_xml(text: str) -> dict[str, list[GpuProcess]]:
+    """Processes per GPU UUID from ``nvidia-smi -q -x``'s ``<processes>``, with their kind
+    (``<type>`` C, G or C+G) and usage (``343 MiB``; ``N/A`` is None). Output nvidia-smi should
+    not print — not XML, an entity declaration (nvidia-smi declares none: refused before
+    parsing), a GPU without a UUID, a PID or usage that is not a number — is an
+    :class:`SmiError`."""
+    if len(text) > _XML_MAX_BYTES:
+        raise SmiError(f"nvidia-smi -q -x printed {len(text):,} characters, more than any box reports")
+    if "<!ENTITY" in text:
+        raise SmiError("nvidia-smi -q -x output declares an entity: nvidia-smi never does")
+    try:
+        root = ElementTree.fromstring(text)
+    except (ElementTree.ParseError, ValueError) as error:
+        raise SmiError(f"nvidia-smi -q -x output is not XML: {error}") from None
+    if root.tag != "nvidia_smi_log":
+        raise SmiError(f"nvidia-smi -q -x output is not an nvidia_smi_log: <{root.tag}>")
+    by_gpu: dict[str, list[GpuProcess]] = {}
+    for gpu in root.findall("gpu"):
+        uuid = (gpu.findtext("uuid") or "").strip()
+        if not uuid:
+            raise SmiError("a <gpu> of nvidia-smi -q -x has no <uuid>")
+        listed = by_gpu.setdefault(uuid, [])
+        for info in gpu.findall("processes/process_info"):
+            pid_text = (info.findtext("pid") or "").strip()
+            line = f"pid {pid_text!r} on {uuid}"
+            pid = _count(pid_text, "pid", line)
+            kind = _KINDS.get((info.findtext("type") or "").strip())
+            used_text = (info.findtext("used_memory") or "").strip().removesuffix("MiB").strip()
+            name = (info.findtext("process_name") or "").strip() or None
+            listed.append(GpuProcess(pid, name, _mib(used_text, "used_memory", line), kind))
+    return by_gpu
+
+
 def _failure(result: CommandResult) -> tuple[str, str]:
     """(status, one-line message) for a failed nvidia-smi run."""
     text = (result.stdout + "\n" + result.stderr).strip()
@@ -256,12 +307,20 @@ class SmiSource:
     name = "nvidia-smi"
 
     def __init__(
-        self, binary: str = "nvidia-smi", runner: Runner = run_command, timeout: float = 5.0
+        self,
+        binary: str = "nvidia-smi",
+        runner: Runner = run_command,
+        timeout: float = 5.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._binary = binary
         self._runner = runner
         self._timeout = timeout
         self._fields = list(GPU_FIELDS)
+        self._monotonic = monotonic
+        self._graphics: dict[str, list[GpuProcess]] = {}  # the last -q -x's graphics clients
+        self._graphics_at: float | None = None
+        self._graphics_problem: str | None = None
 
     def _query(self, *args: str) -> CommandResult:
         return self._runner([self._binary, *args], self._timeout)
@@ -295,17 +354,61 @@ class SmiSource:
                 problem = f"nvidia-smi --query-compute-apps: {error}"
         else:
             problem = _failure(apps)[1]
+        graphics = self._graphics_clients()
         gpus = tuple(
-            replace(sample, processes=None if problem else tuple(processes.get(sample.uuid or "", [])))
+            replace(
+                sample,
+                processes=None
+                if problem
+                else _merged(processes.get(sample.uuid or "", []), graphics.get(sample.uuid or "", [])),
+            )
             for sample in samples
         )
         details = {"fields": ",".join(self._fields)}
         if problem:
             details["processes_error"] = problem
+        if self._graphics_problem:
+            details["graphics_error"] = self._graphics_problem
         return GpuReading(source=self.name, status=OK, gpus=gpus, details=details)
+
+    def _graphics_clients(self) -> dict[str, list[GpuProcess]]:
+        """The graphics clients per GPU UUID, read anew every :data:`GRAPHICS_EVERY_S`. A report
+        that cannot be read keeps the last list and says why (``details.graphics_error``)."""
+        now = self._monotonic()
+        if self._graphics_at is not None and now - self._graphics_at < GRAPHICS_EVERY_S:
+            return self._graphics
+        self._graphics_at = now
+        report = self._query("-q", "-x")
+        if report.returncode != 0:
+            self._graphics_problem = _failure(report)[1]
+            return self._graphics
+        try:
+            listed = parse_processes_xml(report.stdout)
+        except SmiError as error:
+            self._graphics_problem = f"nvidia-smi -q -x: {error}"
+            return self._graphics
+        self._graphics_problem = None
+        self._graphics = {
+            uuid: [process for process in processes if process.kind in (GRAPHICS, BOTH)]
+            for uuid, processes in listed.items()
+        }
+        return self._graphics
 
     def close(self) -> None:
         return None
+
+
+def _merged(compute: list[GpuProcess], graphics: list[GpuProcess]) -> tuple[GpuProcess, ...]:
+    """The compute list and the graphics clients, one per PID (both: ``compute+graphics``)."""
+    merged = {process.pid: process for process in compute}
+    for client in graphics:
+        known = merged.get(client.pid)
+        if known is None:
+            merged[client.pid] = client
+        else:
+            used = max((u for u in (known.used_bytes, client.used_bytes) if u is not None), default=None)
+            merged[client.pid] = GpuProcess(client.pid, known.name or client.name, used, BOTH)
+    return tuple(merged.values())
 
 
 def _unknown_field(result: CommandResult) -> str | None:

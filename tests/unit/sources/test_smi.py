@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tunerd.sources.smi import CommandResult, SmiError, SmiSource, parse_compute_apps, parse_query_gpu
+from tunerd.sources.smi import (
+    CommandResult,
+    SmiError,
+    SmiSource,
+    parse_compute_apps,
+    parse_processes_xml,
+    parse_query_gpu,
+)
 
 SMI = Path(__file__).parents[2] / "data" / "nvidia-smi"
 MIB = 1024**2
@@ -236,3 +243,72 @@ class TestSmiSource:
         reading = SmiSource(binary="/nonexistent/nvidia-smi").sample()
         assert reading.status == "library_missing"
         assert reading.error == "nvidia-smi not found on PATH: no NVIDIA driver installed"
+
+
+class TestGraphicsClients:
+    """Issue 17: a desktop's graphics clients, in no CSV query, read from ``nvidia-smi -q -x``
+    (tests/data/nvidia-smi/q-x-gtx1070-418-graphics.xml: a real report, driver 418.56)."""
+
+    def test_parse_the_recorded_report_lists_its_graphics_clients(self) -> None:
+        listed = parse_processes_xml(_read("q-x-gtx1070-418-graphics.xml"))
+        assert list(listed) == ["GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeffffff"]
+        [processes] = listed.values()
+        assert [(p.pid, p.name, p.used_bytes, p.kind) for p in processes] == [
+            (1860, "/usr/lib/xorg/Xorg", 343 * MIB, "graphics"),
+            (
+                3498,
+                "/usr/share/spotify/spotify --log-file=/usr/share/spotify/debug.log",
+                59 * MIB,
+                "graphics",
+            ),
+        ]
+
+    def _runner(self, compute: str, report: str) -> _Smi:
+        uuid = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeffffff"
+        return _Smi(
+            {
+                "--query-gpu": CommandResult(0, f"0, {uuid}, GeForce GTX 1070, 8119, 561, 7558, 0, 40\n", ""),
+                "--query-compute-apps": CommandResult(0, compute.format(uuid=uuid), ""),
+                "-q": CommandResult(0, report, ""),
+            }
+        )
+
+    def test_the_source_merges_them_with_the_compute_list_and_reads_the_report_every_ten_seconds(
+        self,
+    ) -> None:
+        now = [0.0]
+        report = _read("q-x-gtx1070-418-graphics.xml")
+        runner = self._runner("{uuid}, 4242, python3, 150\n{uuid}, 3498, spotify, 20\n", report)
+        source = SmiSource(runner=runner, monotonic=lambda: now[0])
+        gpu = source.sample().gpus[0]
+        assert [(p.pid, p.used_bytes, p.kind) for p in gpu.processes or ()] == [
+            (4242, 150 * MIB, "compute"),
+            (3498, 59 * MIB, "compute+graphics"),  # in both: one process, the larger usage
+            (1860, 343 * MIB, "graphics"),
+        ]
+        assert gpu.unattributed_bytes == (561 - 150 - 59 - 343) * MIB
+        now[0] = 5.0
+        source.sample()
+        now[0] = 10.5
+        source.sample()
+        assert sum(argv[1:] == ["-q", "-x"] for argv in runner.argv) == 2  # at 0 s and 10.5 s
+
+    @pytest.mark.parametrize(
+        "report",
+        [
+            "",
+            "not xml at all",
+            '<?xml version="1.0"?><!DOCTYPE d [<!ENTITY a "aaaa">]><nvidia_smi_log>&a;</nvidia_smi_log>',
+            "<nvidia_smi_log><gpu><processes/></gpu></nvidia_smi_log>",  # no uuid
+            "<nvidia_smi_log><gpu><uuid>GPU-a</uuid><processes><process_info><pid>x</pid>"
+            "</process_info></processes></gpu></nvidia_smi_log>",
+        ],
+        ids=["empty", "text", "entity", "no-uuid", "bad-pid"],
+    )
+    def test_a_report_that_cannot_be_read_keeps_the_compute_list_and_says_why(self, report: str) -> None:
+        with pytest.raises(SmiError):
+            parse_processes_xml(report)
+        reading = SmiSource(runner=self._runner("{uuid}, 4242, python3, 150\n", report)).sample()
+        assert reading.status == "ok"
+        assert [p.pid for p in reading.gpus[0].processes or ()] == [4242]
+        assert "nvidia-smi -q -x" in reading.details["graphics_error"]
