@@ -35,6 +35,7 @@ from tunerd.sources.smi import (
     SmiError,
     SmiSource,
     parse_compute_apps,
+    parse_processes_xml,
     parse_query_gpu,
 )
 from tunerd.sources.vllm_metrics import WANTED, EngineMetrics, MetricsSnapshot, parse
@@ -47,7 +48,8 @@ PAGES += [path.read_text() for path in sorted((DATA / "vllm").glob("metrics-*.tx
 LOGS = [path.read_text() for path in sorted((DATA / "vllm-failures").glob("*.log"))]
 LOGS += [path.read_text() for path in sorted((DATA / "vllm").glob("*.log"))]
 SMI_CSV = [path.read_text() for path in sorted((DATA / "nvidia-smi").glob("*.csv"))]
-SMI_ALL = SMI_CSV + [path.read_text() for path in sorted((DATA / "nvidia-smi").glob("*.txt"))]
+SMI_XML = [path.read_text() for path in sorted((DATA / "nvidia-smi").glob("*.xml"))]
+SMI_ALL = SMI_CSV + SMI_XML + [path.read_text() for path in sorted((DATA / "nvidia-smi").glob("*.txt"))]
 # The recorded lines that carry numbers diagnosis reads, one corpus entry each, so that the
 # mutations (a number swapped for 1.2.3, 1e400, ², …) land on them rather than on the
 # hundreds of other lines of a whole log.
@@ -407,6 +409,23 @@ def test_smi_parsers_raise_only_smi_error(text: str) -> None:
             continue
         for listed in processes.values():
             assert all(process.pid >= 0 and (process.used_bytes or 0) >= 0 for process in listed)
+
+
+@fuzz_settings()
+@given(st.one_of(mutated(SMI_XML), st.text(), smi_text))
+def test_smi_report_parser_raises_only_smi_error(text: str) -> None:
+    """``nvidia-smi -q -x`` mutated (lines dropped, cut, swapped, a number made hostile) or
+    not XML at all: processes with a PID, a kind and a usage that are what they say, or an
+    SmiError — never ParseError, ValueError or an escaping entity."""
+    try:
+        listed = parse_processes_xml(text)
+    except SmiError:
+        return
+    for processes in listed.values():
+        for process in processes:
+            assert process.pid >= 0
+            assert process.used_bytes is None or process.used_bytes >= 0
+            assert process.kind in (None, "compute", "graphics", "compute+graphics")
 
 
 answers = st.builds(
