@@ -96,7 +96,9 @@ class TestInspectGpu:
                 "utilization_ratio",
                 "processes",
             }
-        assert gpus[0]["processes"] == [{"pid": 4242, "name": "python3", "used_bytes": 5000 * MIB, "kind": "compute"}]
+        assert gpus[0]["processes"] == [
+            {"pid": 4242, "name": "python3", "used_bytes": 5000 * MIB, "kind": "compute"}
+        ]
         calls = (tmp_path / "calls.txt").read_text().splitlines()
         assert calls[0].startswith(
             "--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,memory.reserved"

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.metrics_pages import families, series
 from tunerd.diagnosis import diagnose
 from tunerd.sources.vllm_metrics import MetricsSnapshot, parse
 
@@ -619,45 +620,6 @@ def test_admission_control_refuses_with_503_as_vllm_does(tmp_path: Path) -> None
     assert answers == [200, 200]
 
 
-def _families(page: str) -> dict[str, str]:
-    """``vllm:`` family → type, from the page's TYPE lines (``_created`` series aside: tunerd
-    ignores them, and prometheus_client's custom collectors do not emit them)."""
-    found = {}
-    for line in page.splitlines():
-        if line.startswith("# TYPE vllm:"):
-            _, _, name, kind = line.split()
-            if not name.endswith("_created"):
-                found[name] = kind
-    return found
-
-
-def _series(page: str) -> set[tuple[str, frozenset[tuple[str, str]]]]:
-    """Every ``vllm:`` sample's name and labels (the model's name and values aside)."""
-    found = set()
-    for line in page.splitlines():
-        if not line.startswith("vllm:") or "_created" in line.split("{")[0]:
-            continue
-        name, _, rest = line.partition("{")
-        labels = rest.rpartition("}")[0]
-        pairs = [pair.split("=", 1) for pair in labels.split('",') if "=" in pair]
-        found.add(
-            (
-                name.split(" ")[0],
-                frozenset(
-                    (
-                        key,
-                        value.strip('"')
-                        if key in ("le", "reason", "finished_reason", "source", "sleep_state")
-                        else "",
-                    )
-                    for key, value in pairs
-                    if key != "model_name"
-                ),
-            )
-        )
-    return found
-
-
 def test_the_page_has_the_real_engines_families_and_label_sets(tmp_path: Path) -> None:
     """Diffed against a page the real engine (vLLM 0.32's CPU build, 2,048-token model) served
     under load (tests/data/vllm/metrics-0.32-load.txt): the same ``vllm:`` families with the same
@@ -667,12 +629,12 @@ def test_the_page_has_the_real_engines_families_and_label_sets(tmp_path: Path) -
     with sim(tmp_path, *SEED_MODEL, "--max-model-len", "2048", "--kv-cache-dtype", "fp8") as engine:
         assert load(engine.url, concurrency=2, prompt_tokens=300, max_tokens=40, requests=4).returncode == 0
         page = engine.get("/metrics").text
-    assert _families(page) == _families(real)
-    ours = {(name, labels) for name, labels in _series(page) if name != "vllm:cache_config_info"}
-    theirs = {(name, labels) for name, labels in _series(real) if name != "vllm:cache_config_info"}
+    assert families(page) == families(real)
+    ours = {(name, labels) for name, labels in series(page) if name != "vllm:cache_config_info"}
+    theirs = {(name, labels) for name, labels in series(real) if name != "vllm:cache_config_info"}
     assert ours == theirs, (sorted(ours - theirs)[:10], sorted(theirs - ours)[:10])
-    [(_, our_info)] = [series for series in _series(page) if series[0] == "vllm:cache_config_info"]
-    [(_, their_info)] = [series for series in _series(real) if series[0] == "vllm:cache_config_info"]
+    [(_, our_info)] = [series for series in series(page) if series[0] == "vllm:cache_config_info"]
+    [(_, their_info)] = [series for series in series(real) if series[0] == "vllm:cache_config_info"]
     assert {key for key, _ in our_info} == {key for key, _ in their_info}
     snapshot = parse(page)
     check_page(snapshot)

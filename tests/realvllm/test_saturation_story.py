@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.metrics_pages import families, series
 from tests.realvllm.harness import (
     ENGINE,
     MODEL_NAME,
@@ -77,6 +81,7 @@ class Story:
     tunerd: Tunerd
     first_pid: int
     requests: list[Request]
+    page_under_load: str = ""  # the real engine's /metrics while the clients run
 
     @property
     def state_dir(self) -> Path:
@@ -103,6 +108,8 @@ def story(vllm: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
         wait_healthy(url, timeout=30)
         story.first_pid = engine_record(story.state_dir).pid
         load = Load(url, workers=16, words=200, max_tokens=1000, pause=2.0).start()
+        time.sleep(5)  # the clients' first requests in flight
+        story.page_under_load = httpx.get(url + "/metrics", timeout=10).text
         try:
             story.tunerd.wait_event("engine_tuned", timeout=420)
         except AssertionError as error:
@@ -217,3 +224,32 @@ def _non_default_args(log: Path) -> dict[str, Any]:
         if found:
             return dict(ast.literal_eval(found.group(1)))
     raise AssertionError(f"no non-default args line in {log}")
+
+
+def test_the_simulator_serves_the_families_and_labels_the_real_engine_does(
+    story: Story, tmp_path: Path
+) -> None:
+    """Issue 17: the simulator's page under load against this real engine's under load — the
+    same ``vllm:`` families with the same types and label sets, buckets included (both at a
+    2,048-token max length)."""
+    port = free_port()
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "tunerd", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--time-scale", "50", "--sim-startup-seconds", "2", "--max-model-len", "2048"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout=30)
+        for _ in range(3):
+            httpx.post(url + "/v1/completions", json={"prompt_tokens": 300, "max_tokens": 20}, timeout=30)
+        simulated = httpx.get(url + "/metrics", timeout=10).text
+    finally:
+        engine.terminate()
+        engine.wait(timeout=30)
+    assert story.page_under_load
+    assert families(simulated) == families(story.page_under_load)
+    ours = {item for item in series(simulated) if item[0] != "vllm:cache_config_info"}
+    theirs = {item for item in series(story.page_under_load) if item[0] != "vllm:cache_config_info"}
+    assert ours == theirs, (sorted(ours - theirs)[:10], sorted(theirs - ours)[:10])
