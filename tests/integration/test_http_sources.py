@@ -111,7 +111,15 @@ def test_sim_gpu_source_reads_the_contract_object(server: tuple[str, type[_Handl
     gpu = reading.gpus[0]
     assert gpu.memory_reserved_bytes is None
     assert gpu.processes[0].used_bytes == 21_500_000_000
-    assert reading.to_dict()["gpus"][0] == {**SIM_GPU["gpus"][0], "status": "ok", "error": None}
+    # an object without the processes' `kind` (a simulator before issue 17) still reads
+    [process] = SIM_GPU["gpus"][0]["processes"]
+    assert reading.to_dict()["gpus"][0] == {
+        **SIM_GPU["gpus"][0],
+        "processes": [{**process, "kind": None}],
+        "unattributed_bytes": 22_000_000_000 - 21_500_000_000,
+        "status": "ok",
+        "error": None,
+    }
 
 
 def test_sim_gpu_source_bad_answers_are_statuses(server: tuple[str, type[_Handler]]) -> None:
