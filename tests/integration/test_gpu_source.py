@@ -10,41 +10,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pynvml
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from tests.fakes.gpu_sources import MismatchedGpu
 from tests.integration.sim_daemon import close_daemon, sim_daemon, started
 from tunerd.clock import SystemClock
 from tunerd.exporter import TunerdCollector
-from tunerd.gpu import OK, GpuReading
 from tunerd.status import render
 
 pytestmark = pytest.mark.slow
 
 
-class BrokenDriver:
-    """Raises what nvidia-ml-py 13 raises on an R470 driver, until ``fixed``."""
-
-    name = "nvml"
-
-    def __init__(self) -> None:
-        self.fixed = False
-
-    def sample(self) -> GpuReading:
-        if not self.fixed:
-            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
-        return GpuReading(source=self.name, status=OK, details={"unsupported": "nvmlDeviceGetMemoryInfo_v2"})
-
-    def close(self) -> None:
-        pass
-
-
 def test_a_failing_gpu_source_degrades_alerts_once_and_recovers(tmp_path: Path) -> None:
     ahead = [0.0]  # the test moves tunerd's clocks on by this much
     clock = SystemClock(wall=lambda: time.time() + ahead[0], monotonic=lambda: time.monotonic() + ahead[0])
-    gpu = BrokenDriver()
+    gpu = MismatchedGpu(details={"unsupported": "nvmlDeviceGetUtilizationRates"})
     said: list[dict[str, Any]] = []
     daemon = sim_daemon(tmp_path, gpu=gpu, clock=clock, said=said)
     try:
@@ -76,7 +58,9 @@ def test_a_failing_gpu_source_degrades_alerts_once_and_recovers(tmp_path: Path) 
         daemon.sampler.sample_once()
         daemon._tick_job()
         assert daemon.published["gpu_source"]["state"] == "ok"
-        assert "not available from this driver or GPU: nvmlDeviceGetMemoryInfo_v2" in render(daemon.published)
+        assert "not available from this driver or GPU: nvmlDeviceGetUtilizationRates" in render(
+            daemon.published
+        )
         assert 'tunerd_gpu_source_up{source="nvml"} 1.0' in _scrape(daemon)
     finally:
         close_daemon(daemon, kill=True)

@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pynvml
 import pytest
 
+from tests.fakes.gpu_sources import MismatchedGpu
 from tunerd.clock import SystemClock
 from tunerd.gpu import OK, GpuReading
 from tunerd.sampler import Sampler
@@ -242,25 +242,6 @@ def test_pings_stop_while_a_loop_job_is_stalled_though_sampling_goes_on(
     finally:
         release.set()
         jobs.shutdown()
-
-
-class MismatchedGpu:
-    """A source whose reads raise what nvidia-ml-py 13 raises on a driver without
-    ``nvmlDeviceGetComputeRunningProcesses_v3``: NVMLLibraryMismatchError, a plain Exception
-    (what the NVML backend let out before issue 17) — until ``fixed``."""
-
-    name = "nvml"
-
-    def __init__(self) -> None:
-        self.fixed = False
-
-    def sample(self) -> GpuReading:
-        if not self.fixed:
-            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
-        return GpuReading(source=self.name, status=OK)
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_source_that_keeps_failing_is_degraded_and_the_watchdog_still_fed(
