@@ -37,6 +37,7 @@ from typing import Any
 
 __all__ = [
     "BOOLEAN_TUNABLES",
+    "INTEGER_TUNABLES",
     "KV_CACHE_DTYPES",
     "MAX_VALUES",
     "MIN_VALUES",
@@ -65,14 +66,8 @@ BOOLEAN_TUNABLES = ("enable_chunked_prefill", "enable_prefix_caching", "enforce_
 TUNABLES = (*NUMERIC_TUNABLES, "kv_cache_dtype", *BOOLEAN_TUNABLES)
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 OPERATIONS = ("step_down", "step_up", "halve", "double")
-_INTEGER_TUNABLES = {
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "kv_cache_memory_bytes",
-    "max_num_queued_reqs",
-    "max_num_queued_tokens",
-}
+#: The knobs that take whole numbers: every numeric one but the utilization share.
+INTEGER_TUNABLES = frozenset(NUMERIC_TUNABLES) - {"gpu_memory_utilization"}
 _HALVING = {"max_num_batched_tokens", "kv_cache_memory_bytes", "max_model_len", "max_num_queued_tokens"}
 _COUNTING = {"max_num_seqs", "max_num_queued_reqs"}  # 8 → 6 → 4 → 3; 8 → 10
 _TOKENS = 2**31 - 1  # vLLM indexes tokens with 32-bit integers
@@ -257,7 +252,7 @@ def apply_tune(
             return TuneResult(knob, current, current, f"{knob} cannot be {operation}d")
         direction = -1 if operation == "halve" else 1
         wanted = current / 2 if operation == "halve" else current * 2
-        wanted = max(1, int(wanted)) if knob in _INTEGER_TUNABLES else _two_decimals(wanted)
+        wanted = max(1, int(wanted)) if knob in INTEGER_TUNABLES else _two_decimals(wanted)
     elif (delta := _delta(operation)) is not None:
         if knob not in NUMERIC_TUNABLES or not math.isfinite(delta):
             return TuneResult(knob, current, current, f"{knob} takes no delta {operation!r}")
@@ -324,7 +319,7 @@ def _clamp(knob: str, value: Any, bounds: Sequence[Any]) -> Any:
         return value  # checked against the allowed values already
     low, high = bounds[0], bounds[1]
     clamped = min(max(value, low), high)
-    return int(clamped) if knob in _INTEGER_TUNABLES else _two_decimals(clamped)
+    return int(clamped) if knob in INTEGER_TUNABLES else _two_decimals(clamped)
 
 
 def settings_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tunerd.tune import BOOLEAN_TUNABLES, NUMERIC_TUNABLES, TUNABLES, validate_value
+from tunerd.tune import BOOLEAN_TUNABLES, INTEGER_TUNABLES, TUNABLES, validate_value
 
 __all__ = [
     "FLAGS",
@@ -46,7 +46,6 @@ FORBIDDEN_FLAGS = {
     "--disable-log-requests": "removed; vLLM 0.33 rejects it",
     "--preemption-mode": "V0 only; vLLM 0.33 rejects it",
 }
-_INTEGER_KNOBS = {knob for knob in NUMERIC_TUNABLES if knob != "gpu_memory_utilization"}
 _FLAG_TO_KNOB = {flag: knob for knob, flag in FLAGS.items()}
 _NEGATED = {
     "--no-" + flag.removeprefix("--"): knob for knob, flag in FLAGS.items() if knob in BOOLEAN_TUNABLES
@@ -63,7 +62,7 @@ class ArgsError(ValueError):
 def _format(knob: str, value: Any) -> str:
     if knob == "gpu_memory_utilization":
         return f"{float(value):.4g}"
-    if knob in _INTEGER_KNOBS:
+    if knob in INTEGER_TUNABLES:
         return str(int(value))
     return str(value)
 
@@ -158,7 +157,7 @@ def command_problems(command: Sequence[str]) -> list[str]:
 def _parse(knob: str, text: str) -> Any:
     if knob == "gpu_memory_utilization":
         return float(text)
-    if knob in _INTEGER_KNOBS:
+    if knob in INTEGER_TUNABLES:
         return int(text)
     return text
 
