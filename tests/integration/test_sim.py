@@ -638,3 +638,26 @@ def test_the_page_has_the_real_engines_families_and_label_sets(tmp_path: Path) -
     assert {key for key, _ in our_info} == {key for key, _ in their_info}
     snapshot = parse(page)
     check_page(snapshot)
+
+
+def test_a_seeded_box_answers_its_truth_and_shows_its_reserve(tmp_path: Path) -> None:
+    """`--box-seed N`: the box's hidden parameters and the safe maximum for the load it has
+    seen (or the one asked about) at /sim/truth; NVML's reserved memory is the box's draw."""
+    with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG, "--box-seed", "3") as engine:
+        assert engine.get("/sim/truth").status_code == 400  # no load seen yet, none asked about
+        result = load(engine.url, concurrency=2, prompt_tokens=4000, max_tokens=64, requests=2)
+        assert result.returncode == 0, result.stdout + result.stderr
+        seen = engine.get("/sim/truth").json()
+        assert seen["load"] == {"concurrency": 2, "prompt_tokens": 4000, "max_tokens": 64}
+        asked = engine.get("/sim/truth?concurrency=4&prompt_tokens=28000&max_tokens=512").json()
+        gpu = engine.get("/sim/gpu").json()["gpus"][0]
+    assert asked["box_seed"] == 3
+    assert gpu["memory_reserved_bytes"] == asked["box"]["driver_reserve_bytes"]
+    assert {p["name"] for p in gpu["processes"]} == (
+        {"python3", "Xorg"} if asked["box"]["desktop_bytes"] else {"python3"}
+    )
+    truth = asked["safe_max"]
+    assert truth["settings"]["max_num_batched_tokens"] == 2048  # the engine's own, kept
+    assert 0.5 < truth["settings"]["gpu_memory_utilization"] < 1
+    assert truth["kv_cache_tokens"] == truth["num_gpu_blocks"] * 16
+    assert seen["safe_max"]["kv_cache_tokens"] >= truth["kv_cache_tokens"]  # a lighter load: no less

@@ -12,6 +12,7 @@ import argparse
 import os
 import re
 import sys
+from dataclasses import replace
 
 from tunerd.commands import summary
 from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int, size, utilization
@@ -20,6 +21,7 @@ from tunerd.planner.bills import KV_DTYPE_WORDS, WEIGHT_FORMATS
 from tunerd.planner.gpus import GPU_PROFILES, custom_gpu, gpu_profile
 from tunerd.planner.shapes import ModelShape, builtin_model, load_model_config, shape_from_config
 from tunerd.sim.board import GpuBoard
+from tunerd.sim.box import default_box, draw_box
 from tunerd.sim.engine import EngineSettings, Neighbour, SimEngine, SimGpu
 from tunerd.sim.load import LoadOptions, run_load
 from tunerd.sim.server import ServeOptions, SimClock, SimServer
@@ -41,6 +43,7 @@ simulated world:
   --sim-neighbor SIZE@TIME[+SIZE/DURATION][:NAME]  another process on the GPU, e.g.
       2GiB@60s:notebook (appears after 60 simulated seconds), 512MiB@0s+256MiB/1m (grows)
   --sim-drift 0.2GiB/h                                the engine leaks this much
+  --box-seed 7                                        a box whose truth tunerd must discover
   consumer cards (rtx4090, rtx3090) have a display server using 300MiB (--sim-display 0 for none)
 
 examples:
@@ -169,12 +172,18 @@ def _add_serve(commands: argparse._SubParsersAction[Parser]) -> None:
     sim.add_argument(
         "--sim-frag",
         type=float,
-        default=0.3,
-        help="allocator fragmentation ceiling (share of the working set, default 0.3)",
+        help="allocator fragmentation ceiling (share of the working set; default 0.3, or the box's)",
     )
     sim.add_argument("--sim-startup-seconds", type=float, default=60.0, help="simulated start-up time")
     sim.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per wall second")
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--box-seed",
+        type=int,
+        metavar="N",
+        help="draw the box's hidden truth (CUDA context, non-torch memory, activations, graphs, "
+        "fragmentation, a desktop, the driver's reserve) from N; GET /sim/truth tells it",
+    )
     serve.set_defaults(handler=_run_serve, prog=serve.prog)
 
 
@@ -225,11 +234,20 @@ def _run_serve(args: argparse.Namespace) -> int:
         profile = gpu_profile(args.sim_gpu) if args.sim_gpu_mem is None else custom_gpu(args.sim_gpu_mem)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    display = (
-        args.sim_display
-        if args.sim_display is not None
-        else (parse_size(DISPLAY_NEIGHBOUR) if profile.consumer else 0)
-    )
+    if args.box_seed is not None:
+        box = draw_box(args.box_seed, profile)
+        display = args.sim_display if args.sim_display is not None else box.desktop_bytes
+        box = replace(
+            box, desktop_bytes=display, frag_max=args.sim_frag if args.sim_frag is not None else box.frag_max
+        )
+    else:
+        display = (
+            args.sim_display
+            if args.sim_display is not None
+            else (parse_size(DISPLAY_NEIGHBOUR) if profile.consumer else 0)
+        )
+        frag = args.sim_frag if args.sim_frag is not None else 0.3
+        box = default_box(profile, frag_max=frag, desktop_bytes=display)
     neighbours = [Neighbour(NEIGHBOUR_PID_BASE, "Xorg", display, kind=GRAPHICS)] if display else []
     for offset, (held, start, growth, name) in enumerate(args.sim_neighbor, start=1):
         neighbours.append(
@@ -248,7 +266,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         enforce_eager=args.enforce_eager,
     )
     weights = args.sim_weights or shape.native_weights
-    gpu = SimGpu(profile, neighbours)
+    gpu = SimGpu(
+        profile,
+        neighbours,
+        driver_reserve_bytes=box.driver_reserve_bytes if args.box_seed is not None else None,
+    )
     clock = SimClock(args.time_scale)
     model = args.model or args.model_tag or shape.name
     served = (args.served_model_name or [model])[0]
@@ -267,9 +289,25 @@ def _run_serve(args: argparse.Namespace) -> int:
             pid=server.pid,
             now=now,
             drift_bytes_per_s=args.sim_drift,
-            frag_max=args.sim_frag,
             seed=args.seed,
+            box=box,
         )
+
+    def truth_engine(wanted: EngineSettings, now: float, engine_bytes: int) -> SimEngine:
+        """A fresh engine for the truth search: this box, the neighbours as they hold now,
+        the allocator at its worst (``/sim/truth``)."""
+        frozen = [
+            replace(neighbour, size=held, start=0.0, growth_bytes_per_s=0.0)
+            for neighbour, held in gpu.neighbour_bytes(now, engine_bytes)
+        ]
+        peers = len(gpu.peers)  # neighbour_bytes lists the other engines first
+        card = SimGpu(
+            profile,
+            frozen[peers:],
+            peers=frozen[:peers],
+            driver_reserve_bytes=gpu.driver_reserve_bytes,
+        )
+        return SimEngine(shape, card, weights, wanted, pid=0, seed=args.seed, box=box, worst_case=True)
 
     options = ServeOptions(
         host=args.host,
@@ -283,7 +321,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_num_queued_tokens=args.max_num_queued_tokens,
     )
     board = GpuBoard(args.sim_gpu_share, os.getpid()) if args.sim_gpu_share else None
-    server = SimServer(factory, options, clock, board=board, gpu=gpu)
+    server = SimServer(factory, options, clock, board=board, gpu=gpu, box=box, truth_engine=truth_engine)
     return server.run()
 
 

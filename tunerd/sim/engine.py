@@ -1,10 +1,14 @@
 """The simulated engine: vLLM V1's scheduler and memory, on a simulated GPU, in simulated time.
 
 Pure: every method takes the simulated time (``now``, seconds); nothing here sleeps, reads a
-clock or does I/O (``tunerd.sim.server`` does). The memory model is the planner's
-(:mod:`tunerd.planner.bills`): one implementation in the codebase.
+clock or does I/O (``tunerd.sim.server`` does). The weights and the KV bytes per token are
+the model's arithmetic (:mod:`tunerd.planner.bills`); what the box holds besides — its CUDA
+context, non-torch memory, the real activation working set, the graph pool, the allocator's
+fragmentation, the driver's reserve — is the :class:`~tunerd.sim.box.Box`'s hidden truth: the
+planner's assumptions by default, drawn from a seed with ``--box-seed``.
 
-**Start-up** sizes the pool exactly as :func:`tunerd.planner.bills.kv_pool` does and fails
+**Start-up** sizes the pool with vLLM's arithmetic (:func:`tunerd.planner.bills.kv_pool`) from
+the box's own bills and fails
 the way vLLM fails: free memory short of ``ceil(total × utilization)`` (neighbours included),
 no room for the cache, or a pool that cannot hold one ``max_model_len`` sequence.
 
@@ -39,15 +43,14 @@ from tunerd.gpu import COMPUTE, GpuProcess, GpuSample
 from tunerd.planner.bills import (
     BLOCK_SIZE,
     KvPool,
-    activation_bytes,
     count_weights,
     kv_bytes_per_token,
     kv_pool,
-    runtime_bytes,
     sequence_blocks,
 )
 from tunerd.planner.gpus import GpuProfile
 from tunerd.planner.shapes import ModelShape
+from tunerd.sim.box import Box, default_box
 from tunerd.units import GIB
 
 __all__ = [
@@ -131,10 +134,14 @@ class SimGpu:
     peers: list[Neighbour] = field(default_factory=list)  # other simulated engines on this card
     index: int = 0
     uuid: str = "GPU-5e1a7ed0-0000-4000-8000-000000000000"
+    #: what the driver keeps of NVML's total (a box's draw); None: the profile's CUDA total
+    driver_reserve_bytes: int | None = None
 
     @property
     def cuda_total_bytes(self) -> int:
-        return self.profile.total_bytes
+        if self.driver_reserve_bytes is None:
+            return self.profile.total_bytes
+        return self.nvml_total_bytes - self.driver_reserve_bytes
 
     @property
     def nvml_total_bytes(self) -> int:
@@ -226,6 +233,8 @@ class SimEngine:
         drift_bytes_per_s: float = 0.0,
         frag_max: float = 0.3,
         seed: int = 0,
+        box: Box | None = None,
+        worst_case: bool = False,
     ) -> None:
         self.shape = shape
         self.gpu = gpu
@@ -233,14 +242,23 @@ class SimEngine:
         self.pid = pid
         self.started_at = now
         self.drift_bytes_per_s = drift_bytes_per_s
-        self.frag_max = frag_max
+        #: the box's hidden truth; without one, the planner's assumptions (and ``frag_max``)
+        self.box = box if box is not None else default_box(gpu.profile, frag_max=frag_max)
+        self.frag_max = self.box.frag_max
+        #: the allocator fragmented to its ceiling from the first step (the truth search's view
+        #: of hours of traffic)
+        self.worst_case = worst_case
         self._random = random.Random(seed)
         self.max_model_len = settings.max_model_len or shape.max_position_embeddings
         self._check_config()
         self.weights = count_weights(shape, weights_format)
         self.kv_bytes_per_token = kv_bytes_per_token(shape, settings.kv_cache_dtype)
-        self.runtime = runtime_bytes(shape, settings.max_num_seqs, settings.enforce_eager)
-        self.profiled = activation_bytes(shape, settings.max_num_batched_tokens, settings.max_num_seqs)
+        self.runtime = self.box.runtime(shape, settings.max_num_seqs, settings.enforce_eager)
+        self.profiled = self.box.working_set(
+            shape,
+            settings.max_num_batched_tokens,
+            min(settings.max_num_seqs, settings.max_num_batched_tokens),
+        )
         self._check_free_memory(now)
         self.pool = self._size_pool()
         self.block_bytes = BLOCK_SIZE * self.kv_bytes_per_token
@@ -309,7 +327,7 @@ class SimEngine:
     def _size_pool(self) -> KvPool:
         settings = self.settings
         blocks_per_request = sequence_blocks(self.shape, self.max_model_len, settings.max_num_batched_tokens)
-        non_kv = self.weights.bytes + self.profiled.bytes + self.runtime.inside_budget_bytes
+        non_kv = self.weights.bytes + self.profiled + self.runtime.inside_budget_bytes
         total, utilization = self.gpu.cuda_total_bytes, settings.gpu_memory_utilization
         if settings.kv_cache_memory_bytes is not None:
             # vLLM skips profiling-based sizing and takes the bytes as given.
@@ -403,8 +421,9 @@ class SimEngine:
     def _ratchet(self, step_tokens: int, requests: int, logprob_tokens: int, now: float) -> None:
         """Grow the kept activation working set if this step needs more than it holds."""
         self._shapes_seen.add(step_tokens // FRAG_BUCKET_TOKENS)
-        fragmentation = 1 + self.frag_max * min(1.0, len(self._shapes_seen) / FRAG_SHAPES)
-        working = activation_bytes(self.shape, step_tokens, requests).bytes
+        seen = 1.0 if self.worst_case else min(1.0, len(self._shapes_seen) / FRAG_SHAPES)
+        fragmentation = 1 + self.frag_max * seen
+        working = self.box.working_set(self.shape, step_tokens, requests)
         wanted = int(working * fragmentation) + logprob_tokens * self.shape.vocab_size * 4
         if wanted > self.activation_held:
             self._allocate(wanted - self.activation_held, now, "activations")

@@ -20,20 +20,31 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import IO, Any
+from urllib.parse import parse_qsl
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from tunerd.planner.bills import VLLM_KV_DTYPE
+from tunerd.planner.bills import KV_DTYPE_WORDS, VLLM_KV_DTYPE
 from tunerd.sim.board import GpuBoard
-from tunerd.sim.engine import CudaOutOfMemory, Neighbour, Request, SimEngine, SimGpu, StartupFailure
+from tunerd.sim.box import Box
+from tunerd.sim.engine import (
+    CudaOutOfMemory,
+    EngineSettings,
+    Neighbour,
+    Request,
+    SimEngine,
+    SimGpu,
+    StartupFailure,
+)
 from tunerd.sim.exposition import RequestMetrics
 from tunerd.sim.logtext import VLLM_VERSION, LogFormat, gib, oom_lines, startup_failure_lines
+from tunerd.sim.truth import TruthLoad, safe_max
 from tunerd.units import GIB
 
 __all__ = ["ServeOptions", "SimClock", "SimServer"]
@@ -152,10 +163,17 @@ class SimServer:
         *,
         board: GpuBoard | None = None,
         gpu: SimGpu | None = None,
+        box: Box | None = None,
+        truth_engine: Callable[[EngineSettings, float, int], SimEngine] | None = None,
     ) -> None:
         self._engine_factory = engine_factory
         self._board = board  # a card shared with other simulated engines (with ``gpu``)
         self._gpu = gpu
+        self.box = box
+        #: makes a worst-case engine of given settings on this box (``/sim/truth``)
+        self._truth_engine = truth_engine
+        #: the largest load seen: (unfinished requests at once, prompt tokens, max_tokens)
+        self.load_seen = (0, 0, 0)
         self.options = options
         self.clock = clock
         self.pid = os.getpid()
@@ -277,6 +295,13 @@ class SimServer:
         with self.lock:
             self._requests[request.id] = request
             self.engine.submit(request)
+            engine = self.engine
+            at_once, prompt, out = self.load_seen
+            self.load_seen = (
+                max(at_once, len(engine.running) + len(engine.waiting)),
+                max(prompt, request.prompt_tokens),
+                max(out, request.max_tokens),
+            )
             self.lock.notify_all()
 
     def _engine_loop(self) -> None:
@@ -651,6 +676,46 @@ class SimServer:
             ],
         }
 
+    def truth(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        """``GET /sim/truth``: the box's hidden parameters and the safe maximum for a load
+        (``concurrency``, ``prompt_tokens``, ``max_tokens``; by default the largest seen) at
+        the engine's settings, any of ``max_num_batched_tokens``, ``max_num_seqs``,
+        ``max_model_len`` and ``kv_cache_dtype`` replaced by the query's. For tests and
+        benchmarks: tunerd never reads it."""
+        if self._truth_engine is None or self.box is None:
+            return 404, {"detail": "this simulator has no box truth"}
+        with self.lock:
+            now = self.clock.now()
+            settings = self.engine.settings
+            engine_bytes = self.engine.engine_bytes()
+            max_model_len = self.engine.max_model_len
+            at_once, prompt, out = self.load_seen
+        try:
+            load = TruthLoad(
+                concurrency=int(query.get("concurrency", at_once)),
+                prompt_tokens=int(query.get("prompt_tokens", prompt)),
+                max_tokens=int(query.get("max_tokens", out)),
+            )
+            changed: dict[str, Any] = {
+                knob: int(query[knob])
+                for knob in ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
+                if knob in query
+            }
+            if "kv_cache_dtype" in query:
+                changed["kv_cache_dtype"] = KV_DTYPE_WORDS[query["kv_cache_dtype"]]
+        except (ValueError, KeyError) as error:
+            return 400, {"detail": f"bad query: {error}"}
+        if min(load.concurrency, load.prompt_tokens, load.max_tokens) < 1:
+            return 400, {"detail": "no load seen yet: give concurrency, prompt_tokens and max_tokens"}
+        wanted = replace(settings, max_model_len=max_model_len, **changed)
+        found = safe_max(lambda s: self._truth_engine(s, now, engine_bytes), wanted, load)  # type: ignore[misc]
+        return 200, {
+            "box_seed": self.box.seed,
+            "box": self.box.to_dict(),
+            "load": load.to_dict(),
+            "safe_max": None if found is None else found.to_dict(),
+        }
+
     def gpu_object(self) -> dict[str, Any]:
         with self.lock:
             now = self.clock.now()
@@ -690,7 +755,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:
-        if self.path not in {"/metrics", "/health", "/sim/gpu", "/sim/clock"}:
+        if self.path.split("?", 1)[0] not in {"/metrics", "/health", "/sim/gpu", "/sim/clock", "/sim/truth"}:
             self.server_ref.emit(
                 f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" '
                 f"{args[1] if len(args) > 1 else ''}"
@@ -743,6 +808,9 @@ class _Handler(BaseHTTPRequestHandler):
             )
         elif path == "/sim/gpu":
             self._json(200, server.gpu_object())
+        elif path == "/sim/truth":
+            status, data = server.truth(dict(parse_qsl(self.path.partition("?")[2])))
+            self._json(status, data)
         elif path == "/sim/clock":
             self._json(200, {"time": server.clock.now(), "time_scale": server.clock.scale})
         elif path == "/load":
