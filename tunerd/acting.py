@@ -34,6 +34,7 @@ from tunerd.engine.saga import Supervisor
 from tunerd.gpu import GpuSample
 from tunerd.notify.alert import Alert
 from tunerd.outcomes import CrashResponse, Mode, SagaResult
+from tunerd.planner.calibration import Observation
 from tunerd.policy.engine import ActionPlan, PolicyState
 from tunerd.signals import EngineMemory, share_a_gpu
 from tunerd.sources.engine_log import FileFollower
@@ -70,6 +71,16 @@ class EngineLoop:
     figures: tuple[int, LogDiagnosis] | None = None  # (pid, its start-up figures from the log)
     log: FileFollower | None = None  # the engine's log from where it was when tunerd started
     notified: dict[str, Alert] = field(default_factory=dict)  # policy → its last firing alert
+    #: what the running engine's start showed of the box (the latest observation), and the
+    #: one last written to the state
+    observation: Observation | None = None
+    observation_saved: Observation | None = None
+    #: the restart in flight's prediction: (its history record, the settings, the prediction)
+    predicted: tuple[int, dict[str, Any], dict[str, Any]] | None = None
+    #: the last start's KV pool against the prediction: (observed − predicted) / observed
+    prediction_error: float | None = None
+    #: a start refused for want of free memory: the (free, total) bytes vLLM saw
+    free_at_start: tuple[int, int] | None = None
 
     @property
     def name(self) -> str:
@@ -147,12 +158,21 @@ class Actor:
             if loop.waiting is None or loop.waiting[0].after != plan.after:
                 loop.waiting = (plan, now)
             return Acted(Did.WAITING, f"waiting for {busy}'s restart on a shared GPU")
+        if plan.urgent and (settling := loop.supervisor.settling(now)) is not None:
+            # memory near its ceiling does not go away by waiting: act once the new engine's
+            # settle period is over rather than drop the plan (a crash meanwhile is acted on)
+            if loop.waiting is None or loop.waiting[0].after != plan.after:
+                loop.waiting = (plan, now)
+            return Acted(Did.WAITING, f"waiting for the settle period ({settling})")
         loop.waiting = None
+        evidence: dict[str, Any] = {"signals": dict(plan.evidence)}
+        if plan.prediction is not None:
+            evidence["prediction"] = dict(plan.prediction)
         skipped = loop.supervisor.begin_restart(
             plan.after,
             reason="; ".join(plan.reasons),
             policy=",".join(plan.policies),
-            evidence={"signals": dict(plan.evidence)},
+            evidence=evidence,
         )
         if skipped is not None:
             self._tuned(loop, plan, skipped)
@@ -170,11 +190,16 @@ class Actor:
         act = plan is not None and plan.mode == Mode.ACT and bool(plan.changes) and not plan.hold
         if plan is not None and plan.changes and plan.mode != Mode.ACT:
             self.propose(plan, self.clock.now())
+        evidence: dict[str, Any] | None = None
+        if plan is not None:
+            evidence = {"signals": dict(plan.evidence)}
+            if act and plan.prediction is not None:
+                evidence["prediction"] = dict(plan.prediction)
         handled = loop.supervisor.check(
             plan.after if act and plan is not None else None,
             reason="; ".join(plan.reasons) if plan else "",
             policy=",".join(plan.policies) if plan else None,
-            evidence={"signals": dict(plan.evidence)} if plan else None,
+            evidence=evidence,
         )
         if handled is None:
             return Acted(Did.WAITING, "the engine is down; reading its last lines")

@@ -28,7 +28,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from tunerd.engine.args import command_problems
 from tunerd.notify.sink import Target
 from tunerd.paths import DEFAULT_CONFIG, RUN_DIR
-from tunerd.policy.schema import Duration, PositiveDuration
+from tunerd.planner.calibration import DEFAULT_CREEP, DEFAULT_MARGIN_BYTES
+from tunerd.policy.schema import Duration, PositiveDuration, Size
 from tunerd.tune import TUNABLES, bounds_problem, validate_value
 from tunerd.units import parse_duration
 from tunerd.yamlfile import Problem, YamlError, load_yaml, located
@@ -155,6 +156,15 @@ def rate_of(text: str) -> tuple[int, float]:
     return messages, seconds
 
 
+class FitConfig(_Strict):
+    """What a computed ``fit`` leaves free besides the observed peak and the neighbours:
+    ``margin`` bytes, and ``creep`` × the activation peak for the allocator's creep still to
+    come (docs/policies.md, "Computed moves")."""
+
+    margin: Size = DEFAULT_MARGIN_BYTES
+    creep: float = Field(default=DEFAULT_CREEP, ge=0, le=2)
+
+
 class Config(_Strict):
     engines: list[EngineConfig] = Field(min_length=1)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
@@ -163,6 +173,7 @@ class Config(_Strict):
     mode: Literal["observe", "advise", "act"] = "advise"
     policies: list[str] = Field(default_factory=lambda: ["/etc/tunerd/policies/*.yaml"])
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
+    fit: FitConfig = Field(default_factory=FitConfig)
     notify: list[NotifyConfig] = Field(default_factory=list)
     state_dir: str = "/var/lib/tunerd"
     listen: dict[str, str] = Field(default_factory=dict)

@@ -31,6 +31,7 @@ import socket
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +46,26 @@ from tunerd.engine.process import copytruncate, process_tree
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
-from tunerd.gpu import GpuReading
+from tunerd.gpu import GpuReading, GpuSample
 from tunerd.notify.alert import Alert, Severity
 from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
 from tunerd.outcomes import Mode, Progress
+from tunerd.planner.calibration import Observation, calibrate, fits, predict
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
 from tunerd.scheduler import LOGS, LOOP, STALL_MARGIN_S, Jobs
 from tunerd.sdnotify import Notifier
-from tunerd.signals import ENGINE_METRIC_SIGNALS, engine_gpus, engine_memory, gpu_room, gpu_signals
+from tunerd.signals import (
+    ENGINE_METRIC_SIGNALS,
+    EngineMemory,
+    cuda_total_bytes,
+    engine_gpus,
+    engine_memory,
+    gpu_room,
+    gpu_signals,
+)
 from tunerd.sources.engine_log import FileFollower, passed_through
 from tunerd.sources.gpu import GpuSource
 from tunerd.sources.select import gpu_source
@@ -206,7 +216,14 @@ class Daemon:
         )
         supervisor.mode = self.mode
         supervisor.secret_names = secret_names(self.config)
-        return EngineLoop(engine, supervisor, client, new_states(self.policies), now)
+        loop = EngineLoop(engine, supervisor, client, new_states(self.policies), now)
+        try:  # what the box showed before tunerd restarted still calibrates it
+            latest = self.state.observations(engine.name, limit=1)
+        except StateError:
+            latest = []
+        if latest:
+            loop.observation = loop.observation_saved = Observation.from_dict(latest[0])
+        return loop
 
     def _on_step(self, engine: str, step: str) -> None:
         self.say("restart_step", engine=engine, step=step, at=self.clock.now())
@@ -535,6 +552,7 @@ class Daemon:
                     stuck=None
                     if supervisor.trouble is None
                     else supervisor.trouble.to_dict(now, self.clock.monotonic()),
+                    calibration=self._calibration(loop),
                 )
             )
         monotonic = self.clock.monotonic()
@@ -549,6 +567,26 @@ class Daemon:
             state_trouble=troubles,
             gpu_source=self.sampler.health().to_dict(),
         )
+
+    def _calibration(self, loop: EngineLoop) -> dict[str, Any] | None:
+        """``tunerd status``'s calibration block: the observed start's bills, the headroom they
+        leave, the last prediction's error and each ``fit`` target with its reason."""
+        observation = loop.observation
+        if observation is None:
+            return None
+        calibration = calibrate(observation)
+        settings = loop.supervisor.running_settings() or dict(loop.config.settings)
+        return {
+            "version": observation.version,
+            "pid": observation.pid,
+            "observed_at": observation.time,
+            "bills": None if calibration is None else calibration.to_dict(),
+            "prediction_error_ratio": loop.prediction_error,
+            "fits": {
+                knob: {"value": value, "reason": reason, "prediction": prediction}
+                for knob, (value, reason, prediction) in self._fits(loop, settings).items()
+            },
+        }
 
     def _startup_figures(self, loop: EngineLoop) -> LogDiagnosis | None:
         """The running engine's start-up figures (weights, KV pool) from its log, read once per
@@ -873,6 +911,108 @@ class Daemon:
         loop.memory = memory
         for signal, value in memory.as_signals().items():
             self.store.record(signal, name, now, value, generation)
+        self._observe(loop, gpus, memory, now)
+
+    def _observe(self, loop: EngineLoop, gpus: list[GpuSample], memory: EngineMemory, now: float) -> None:
+        """Calibration: what the serving engine's start showed of the box (its log's figures,
+        the CUDA total) and the most it and its neighbours have held since; written to the
+        state when it moved. A new start of a restart's settings is compared with what was
+        predicted for it: the error goes to history, status and the metrics."""
+        process = loop.supervisor.process
+        record = self.state.engine(loop.name)
+        if (
+            process is None
+            or not process.alive()
+            or not loop.healthy
+            or record is None
+            or record.running is None
+        ):
+            return
+        figures = self._startup_figures(loop)
+        if figures is None or figures.available_kv_cache_gib is None:
+            return
+        observation = loop.observation
+        if observation is None or (observation.version, observation.pid) != (record.running, process.pid):
+            gpu = next((g for g in gpus if g.index == memory.gpu_index), None)
+            settings = self.state.version(record.running).settings
+            observation = Observation.from_figures(
+                engine=loop.name,
+                version=record.running,
+                pid=process.pid,
+                settings=settings,
+                time=now,
+                cuda_total_bytes=cuda_total_bytes(gpu) if gpu is not None else None,
+                weights_gib=figures.model_loading_gib,
+                kv_available_gib=figures.available_kv_cache_gib,
+                kv_cache_tokens=figures.kv_cache_size_tokens,
+                cuda_graph_gib=figures.cuda_graph_gib,
+            )
+            observation = self._compare_prediction(loop, observation)
+            loop.free_at_start = None  # it started: what a refused start saw is over
+        observation = observation.seen(memory.engine_memory_bytes, memory.other_processes_memory_bytes, now)
+        loop.observation = observation
+        self._save_observation(loop, now)
+
+    def _compare_prediction(self, loop: EngineLoop, observation: Observation) -> Observation:
+        """A start of the settings a restart predicted: keep the prediction with it and say
+        how far off it was (the history record's reason gains it)."""
+        if loop.predicted is None:
+            return observation
+        action_id, settings, prediction = loop.predicted
+        if dict(observation.settings) != settings or observation.kv_cache_tokens is None:
+            return observation
+        loop.predicted = None
+        predicted = prediction.get("kv_cache_tokens")
+        if not isinstance(predicted, int) or observation.kv_cache_tokens <= 0:
+            return observation
+        error = (observation.kv_cache_tokens - predicted) / observation.kv_cache_tokens
+        loop.prediction_error = error
+        note = (
+            f"KV pool predicted {predicted:,} tokens, started with {observation.kv_cache_tokens:,} "
+            f"({error:+.2%})"
+        )
+        self.say("kv_prediction", engine=loop.name, predicted=predicted, observed=observation.kv_cache_tokens,
+                 error=round(error, 5))  # fmt: skip
+        try:
+            self.state.note_action(action_id, note)
+        except StateError as error_writing:
+            self.say("kv_prediction_not_recorded", engine=loop.name, error=str(error_writing))
+        return replace(observation, predicted_kv_tokens=predicted)
+
+    def _save_observation(self, loop: EngineLoop, now: float) -> None:
+        observation = loop.observation
+        if observation is None or not observation.differs(loop.observation_saved):
+            return
+        try:
+            self.state.save_observation(
+                loop.name, observation.version, observation.pid, observation.to_dict(), now
+            )
+        except StateError as error:  # a full disk: kept in memory, written when it takes writes
+            self.say("observation_not_recorded", engine=loop.name, error=str(error))
+            return
+        loop.observation_saved = observation
+
+    def _fits(self, loop: EngineLoop, settings: Mapping[str, Any]) -> dict[str, tuple[Any, str, Any]]:
+        """The ``fit`` targets for the engine's knobs, from the latest observation of it."""
+        fit = self.config.fit
+        found = fits(
+            loop.observation,
+            settings,
+            loop.config.bounds,
+            creep=fit.creep,
+            margin=fit.margin,
+            free_at_start=loop.free_at_start,
+        )
+        return {
+            knob: (item.value, item.reason, item.prediction.to_dict() if item.prediction else None)
+            for knob, item in found.items()
+        }
+
+    def _predict(self, loop: EngineLoop, settings: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What ``settings`` would give on the calibrated box (None: nothing calibrated)."""
+        calibration = calibrate(loop.observation) if loop.observation is not None else None
+        prediction = predict(calibration, settings) if calibration is not None else None
+        return None if prediction is None else prediction.to_dict()
 
     def _tick_engine(self, loop: EngineLoop, reading: GpuReading, now: float) -> None:
         name = loop.name
@@ -908,6 +1048,14 @@ class Daemon:
                 # freshest reading of the neighbours there is (the GPU sample may be seconds old).
                 others = sum(item["bytes"] for item in listed if item["pid"] not in loop.engine_pids)
                 self.store.record("other_processes_memory_bytes", name, now, float(others), generation)
+            free, total = crash.get("free_at_start_bytes"), crash.get("total_bytes")
+            if crash.get("kind") == "insufficient_free_memory" and free is not None and total is not None:
+                loop.free_at_start = (int(free), int(total))
+            if crash.get("kind") == "cuda_oom" and loop.observation is not None:
+                loop.observation = loop.observation.died_of_oom(
+                    crash.get("own_bytes"), crash.get("tried_to_allocate_bytes"), now
+                )
+                self._save_observation(loop, now)
             self.say("engine_crash", engine=name, kind=crash.get("kind"), message=crash.get("message"))
         context = EngineContext(
             name=name,
@@ -917,8 +1065,11 @@ class Daemon:
             failed=self.state.failed_values(name, now - FAILED_VALUE_SECONDS),
             mode=self.mode,
             observed_since=loop.observed_since,
+            fits=self._fits(loop, settings),
         )
         loop.policy_states, plan = evaluate(self.policies, loop.policy_states, self.store, context, now)
+        if plan is not None and plan.changes and plan.prediction is None:
+            plan = replace(plan, prediction=self._predict(loop, plan.after))
         self._resolve_cleared(loop, now)
         hold = plan if plan is not None and plan.hold else self._hold_due.get(name)
         if hold is not None and record is not None and not record.held:
@@ -956,6 +1107,8 @@ class Daemon:
             progress = supervisor.progress()
             if plan is not None and progress is not None:
                 loop.plans[progress.action_id] = (plan, fresh)  # its alert comes with the result
+                if plan.prediction is not None:
+                    loop.predicted = (progress.action_id, dict(plan.after), dict(plan.prediction))
             self._advance(loop)
             return
         if acted.did is Did.RECOVERING:

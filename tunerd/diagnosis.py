@@ -70,6 +70,8 @@ _AVAILABLE_KV = re.compile(
     rf"|reserved {_NUM} ?GiB memory for KV Cache as specified by kv_cache_memory_bytes"  # gpu_worker.py:660
     rf"|Explicitly set \({_NUM}/[0-9]+(?:\.[0-9]+)?\) GiB for KV cache"  # the CPU build: cpu_worker.py:230
 )
+# 0.32 v1/worker/gpu_model_runner.py:6475 (0.33: :6410): the graphs' share of the budget
+_CUDA_GRAPHS = re.compile(rf"Estimated CUDA graph memory: {_NUM} ?GiB total")
 # 0.32 v1/core/kv_cache_utils.py:2328-2329 (0.33: :1148), one line; two lines before PR #13596
 _KV_SIZE = re.compile(rf"\b(?:GPU|CPU|XPU|TPU|\w+) KV cache size: {_COUNT} tokens")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for {_COUNT} tokens per request: {_NUM}x")
@@ -161,6 +163,8 @@ _RUNTIME_EVIDENCE = re.compile(
 )
 
 _TRIED = re.compile(rf"Tried to allocate {_NUM}{_SIZE_UNIT}")
+# 0.32 v1/worker/utils.py:762 (and :741): "Free memory on device cuda:0 (18.78/23.5 GiB) on startup"
+_FREE_AT_START = re.compile(rf"Free memory on device \S+ \({_NUM}/{_NUM} GiB\) on startup")
 _PROCESS_HAS = re.compile(rf"Process ([0-9]+) has {_NUM}{_SIZE_UNIT} memory in use")
 _THIS_PROCESS = re.compile(rf"this process has {_NUM}{_SIZE_UNIT} memory in use")
 _ESTIMATED_LEN = re.compile(r"estimated maximum model length is ([0-9]+)\b")
@@ -213,6 +217,9 @@ class Crash:
     # the engine's PIDs, removes them.
     other_processes: tuple[tuple[int, int], ...] = ()
     own_bytes: int | None = None  # "this process has X memory in use"
+    #: a start refused for want of free memory: the free and total memory vLLM saw (0.01 GiB)
+    free_at_start_bytes: int | None = None
+    total_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -223,6 +230,8 @@ class Crash:
             "tried_to_allocate_bytes": self.tried_to_allocate_bytes,
             "other_processes": [{"pid": pid, "bytes": size} for pid, size in self.other_processes],
             "own_bytes": self.own_bytes,
+            "free_at_start_bytes": self.free_at_start_bytes,
+            "total_bytes": self.total_bytes,
         }
 
 
@@ -236,6 +245,8 @@ class LogDiagnosis:
     max_concurrency: float | None = None
     crash: Crash | None = None
     max_model_len: int | None = None  # from the "Maximum concurrency for L tokens" line
+    #: "Estimated CUDA graph memory: X GiB total" (inside the budget since 0.21; absent eager)
+    cuda_graph_gib: float | None = None
     ready: bool = False
     shutdown_requested: bool = False
     lines: int = 0
@@ -248,6 +259,7 @@ class LogDiagnosis:
             "max_concurrency": self.max_concurrency,
             "crash": self.crash.to_dict() if self.crash else None,
             "max_model_len": self.max_model_len,
+            "cuda_graph_gib": self.cuda_graph_gib,
             "ready": self.ready,
             "shutdown_requested": self.shutdown_requested,
             "lines": self.lines,
@@ -282,6 +294,7 @@ class LogDiagnoser:
         self._gpu_blocks: int | None = None
         self._concurrency: float | None = None
         self._model_len: int | None = None
+        self._graphs: float | None = None
         self._ready = False
         self._startup_evidence = False
         self._runtime_evidence = False
@@ -354,6 +367,8 @@ class LogDiagnoser:
                 self._model_len, self._concurrency = model_len, concurrency
         if (match := _GPU_BLOCKS.search(line)) and (blocks := _int(match.group(1))) is not None:
             self._gpu_blocks = blocks
+        if (match := _CUDA_GRAPHS.search(line)) and (gib := _float(match.group(1))) is not None:
+            self._graphs = gib
 
     def result(self, exit_code: int | None = None) -> LogDiagnosis:
         """The diagnosis; with ``exit_code`` a non-zero exit nothing explains is ``unknown``."""
@@ -368,6 +383,7 @@ class LogDiagnoser:
             max_concurrency=self._concurrency,
             crash=crash,
             max_model_len=self._model_len,
+            cuda_graph_gib=self._graphs,
             ready=self._ready,
             shutdown_requested=self._shutdown,
             lines=self.lines,
@@ -385,6 +401,8 @@ class LogDiagnoser:
         estimated = _ESTIMATED_LEN.search(text) or _V0_KV_TOKENS.search(text)
         tried = _TRIED.search(text)
         own = _THIS_PROCESS.search(text)
+        room = _FREE_AT_START.search(text) if cause.kind == "insufficient_free_memory" else None
+        free, total = (_float(room.group(1)), _float(room.group(2))) if room else (None, None)
         found = ((_int(pid), _bytes(number, unit)) for pid, number, unit in _PROCESS_HAS.findall(text))
         others = tuple((pid, size) for pid, size in found if pid is not None and size is not None)
         return Crash(
@@ -395,6 +413,8 @@ class LogDiagnoser:
             tried_to_allocate_bytes=_bytes(*tried.groups()) if tried else None,
             other_processes=others,
             own_bytes=_bytes(*own.groups()) if own else None,
+            free_at_start_bytes=round(free * GIB) if free is not None else None,
+            total_bytes=round(total * GIB) if total is not None else None,
         )
 
 

@@ -12,6 +12,8 @@ in front, plus:
   1 for the current state;
 - ``tunerd_actions_total{engine, policy, kind, outcome}`` from the history;
 - ``tunerd_restarts_in_window``, ``tunerd_restart_budget_left``, ``tunerd_engine_held``;
+- ``tunerd_kv_prediction_error_ratio{engine}`` (the last start's pool against the prediction)
+  and ``tunerd_calibrated_headroom_bytes{engine}`` (the calibrated box's room at its worst);
 - ``tunerd_sampling_lag_seconds`` (age of the newest GPU reading),
   ``tunerd_gpu_source_up{source}`` and ``tunerd_gpu_read_failures_total{source}``,
   ``tunerd_scrape_errors_total{engine}``;
@@ -86,8 +88,24 @@ class TunerdCollector(Collector):
             "tunerd_restart_budget_left", "restarts the guards still allow", labels=["engine"]
         )
         held = GaugeMetricFamily("tunerd_engine_held", "1 while the engine is held", labels=["engine"])
+        error = GaugeMetricFamily(
+            "tunerd_kv_prediction_error_ratio",
+            "the last start's KV pool against tunerd's prediction: (observed - predicted) / observed",
+            labels=["engine"],
+        )
+        headroom = GaugeMetricFamily(
+            "tunerd_calibrated_headroom_bytes",
+            "GPU memory left at the engine's and its neighbours' observed worst (calibration)",
+            labels=["engine"],
+        )
         for engine in view.status.get("engines", []):
             name = engine["name"]
+            calibration = engine.get("calibration") or {}
+            if calibration.get("prediction_error_ratio") is not None:
+                error.add_metric([name], float(calibration["prediction_error_ratio"]))
+            room = (calibration.get("bills") or {}).get("headroom_bytes")
+            if room is not None:
+                headroom.add_metric([name], float(room))
             for bill, value in (engine.get("bills") or {}).items():
                 if value is not None:
                     memory.add_metric([name, bill], float(value))
@@ -102,7 +120,7 @@ class TunerdCollector(Collector):
             restarts.add_metric([name], float(guards.get("restarts_in_window") or 0))
             budget.add_metric([name], float(guards.get("budget_left") or 0))
             held.add_metric([name], 1.0 if guards.get("held") else 0.0)
-        yield from (memory, state, policies, restarts, budget, held)
+        yield from (memory, state, policies, restarts, budget, held, error, headroom)
         actions = CounterMetricFamily(
             "tunerd_actions",
             "actions recorded, by policy, kind and outcome",

@@ -20,6 +20,10 @@ Tables:
 A database written by an older tunerd gains the new columns when it is opened.
 - ``actions``: the history records of DESIGN §4.8, updated in place as a restart moves from
   ``applied`` to ``succeeded``/``failed``/``rolled_back``;
+- ``observations``: per engine process and settings version, the bills the box showed
+  (:class:`tunerd.planner.calibration.Observation`: the start-up figures, the engine's first
+  and highest memory, the neighbours at their most, an OOM's need, the pool predicted for
+  it), the newest :data:`OBSERVATIONS_KEPT` per engine: what calibrates the planner;
 - ``intents``: per engine, the saga in flight — its kind (first start, restart, rollback,
   recovery), the step it has reached, the versions and the history record it moves, and a
   note (why a rollback began) — so a restarted tunerd can finish or undo it.
@@ -55,6 +59,8 @@ __all__ = [
 ]
 
 DB_NAME = "tunerd.db"
+#: observations kept per engine (older ones are dropped as new ones are written)
+OBSERVATIONS_KEPT = 50
 LOCK_NAME = "tunerd.lock"
 ACTION_KINDS = ("tune", "restart", "rollback", "hold", "resume", "pin", "adopt", "notify")
 OUTCOMES = ("proposed", "applied", "succeeded", "failed", "rolled_back", "skipped")
@@ -99,6 +105,14 @@ CREATE TABLE IF NOT EXISTS actions (
     updated REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS actions_by_engine ON actions(engine, id);
+CREATE TABLE IF NOT EXISTS observations (
+    engine TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    updated REAL NOT NULL,
+    PRIMARY KEY (engine, version, pid)
+);
 CREATE TABLE IF NOT EXISTS intents (
     engine TEXT PRIMARY KEY,
     action_id INTEGER NOT NULL REFERENCES actions(id),
@@ -615,6 +629,38 @@ class State:
                 "UPDATE actions SET evidence = ? WHERE id = ?",
                 (json.dumps(evidence, sort_keys=True, default=str), action_id),
             )
+
+    def save_observation(
+        self, engine: str, version: int, pid: int, data: Mapping[str, Any], now: float
+    ) -> None:
+        """Write (or replace) what one engine process at one version showed; the oldest past
+        :data:`OBSERVATIONS_KEPT` of the engine's go."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO observations (engine, version, pid, data, updated) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (engine, version, pid, json.dumps(dict(data), sort_keys=True, default=str), now),
+            )
+            db.execute(
+                "DELETE FROM observations WHERE engine = ? AND rowid NOT IN (SELECT rowid FROM observations "
+                "WHERE engine = ? ORDER BY updated DESC, rowid DESC LIMIT ?)",
+                (engine, engine, OBSERVATIONS_KEPT),
+            )
+
+    def observations(self, engine: str, limit: int = OBSERVATIONS_KEPT) -> list[dict[str, Any]]:
+        """The engine's observations, the latest written first (a record that does not read as
+        JSON is skipped)."""
+        rows = self._read(
+            "SELECT data FROM observations WHERE engine = ? ORDER BY updated DESC, rowid DESC LIMIT ?",
+            (engine, limit),
+        ).fetchall()
+        found = []
+        for row in rows:
+            with contextlib.suppress(ValueError):
+                data = json.loads(row["data"])
+                if isinstance(data, dict):
+                    found.append(data)
+        return found
 
     def history(self, engine: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """DESIGN §4.8's history records, newest first."""

@@ -99,11 +99,14 @@ def engine_status(
     last_actions: Sequence[Mapping[str, Any]],
     restart: Progress | None,
     stuck: Mapping[str, Any] | None = None,
+    calibration: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One engine of ``tunerd status --json`` (DESIGN §4.8), and more: ``paused`` (why), ``pinned``
     and ``restart`` — the saga in flight, its step, what it waits for and its deadline — and
     ``stuck``: the saga's step whose write the state refused (a full disk), tried again at
-    ``next_try`` (None while the state takes them)."""
+    ``next_try`` (None while the state takes them); ``calibration``: the box as measured (the
+    bills of the observed start, the headroom they left, the last prediction's error, the
+    ``fit`` targets), None until an engine has been seen serving."""
     return {
         "name": name,
         "state": state,
@@ -124,6 +127,7 @@ def engine_status(
             free=free,
         ),
         "metrics": None if metrics is None else dict(metrics),
+        "calibration": None if calibration is None else dict(calibration),
         "policies": [
             {
                 "name": policy.name,

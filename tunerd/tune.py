@@ -17,7 +17,10 @@ end) changes nothing and says why. Default notches follow DESIGN §4.5:
   0.8900000000000001);
 - ``kv_cache_dtype``: down ``auto`` → ``fp8``, up ``fp8`` → ``auto``;
 - booleans (``enable_chunked_prefill``, ``enable_prefix_caching``, ``enforce_eager``): absolute
-  values only.
+  values only;
+- ``fit`` (``gpu_memory_utilization``, ``max_num_batched_tokens``, ``max_num_seqs``): the target
+  computed from the calibrated box (:mod:`tunerd.planner.calibration`), a utilization to
+  three decimals; nothing calibrated, nothing moves (a ``first_of`` falls back to the notches).
 
 An engine's ``ladders: {knob: [rungs...]}`` replaces the default notches of that knob: a step
 goes to the next rung below (or above) the current value.
@@ -37,6 +40,8 @@ from typing import Any
 
 __all__ = [
     "BOOLEAN_TUNABLES",
+    "FIT_HYSTERESIS",
+    "FIT_TUNABLES",
     "INTEGER_TUNABLES",
     "KV_CACHE_DTYPES",
     "MAX_VALUES",
@@ -66,6 +71,11 @@ BOOLEAN_TUNABLES = ("enable_chunked_prefill", "enable_prefix_caching", "enforce_
 TUNABLES = (*NUMERIC_TUNABLES, "kv_cache_dtype", *BOOLEAN_TUNABLES)
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 OPERATIONS = ("step_down", "step_up", "halve", "double")
+#: The knobs whose ``fit`` is computed from the calibrated box (:mod:`tunerd.planner.calibration`).
+FIT_TUNABLES = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs")
+#: A ``fit`` of the utilization that moves it less than this changes nothing (down: the margin
+#: covers it; up: not worth an outage).
+FIT_HYSTERESIS = {"down": 0.005, "up": 0.02}
 #: The knobs that take whole numbers: every numeric one but the utilization share.
 INTEGER_TUNABLES = frozenset(NUMERIC_TUNABLES) - {"gpu_memory_utilization"}
 _HALVING = {"max_num_batched_tokens", "kv_cache_memory_bytes", "max_model_len", "max_num_queued_tokens"}
@@ -102,6 +112,11 @@ class TuneResult:
     after: Any
     reason: str
     forbidden: tuple[Any, ...] = field(default=())
+    #: a ``fit``'s prediction of what the new value gives (the pool, the peak, the headroom)
+    prediction: Mapping[str, Any] | None = None
+    #: a computed ``fit`` found the current value good enough: the answer, though nothing moves
+    #: (a ``first_of`` stops here instead of trying its notches)
+    settled: bool = False
 
     @property
     def changed(self) -> bool:
@@ -156,6 +171,8 @@ def tune_problem(knob: str, operation: Any) -> str | None:
     if knob not in TUNABLES:
         return f"'{knob}' is not a tunable"
     numeric = knob in NUMERIC_TUNABLES
+    if operation == "fit":
+        return None if knob in FIT_TUNABLES else f"{knob} has no fit (fit: {', '.join(FIT_TUNABLES)})"
     if operation in OPERATIONS:
         if operation in ("halve", "double") and not numeric:
             return f"{knob} cannot be {operation}d"
@@ -170,7 +187,11 @@ def tune_problem(knob: str, operation: Any) -> str | None:
             return f"a delta must be a finite number, got {operation!r}"
         return None
     problem = validate_value(knob, operation)
-    return None if problem is None else f"{problem} (or one of: {', '.join(OPERATIONS)}, a delta like -0.03)"
+    return (
+        None
+        if problem is None
+        else f"{problem} (or one of: {', '.join(OPERATIONS)}, fit, a delta like -0.03)"
+    )
 
 
 def _delta(operation: Any) -> float | None:
@@ -226,6 +247,8 @@ def apply_tune(
     *,
     ladder: Sequence[Any] | None = None,
     failed: Sequence[Any] = (),
+    fit: tuple[Any, str, Mapping[str, Any] | None] | None = None,
+    fit_up: bool = True,
 ) -> TuneResult:
     """The value ``knob`` takes when ``operation`` is applied to ``current``.
 
@@ -234,6 +257,12 @@ def apply_tune(
     absolute value. ``bounds`` is ``[low, high]`` (None: the knob is never
     tuned; booleans and ``kv_cache_dtype`` take a list of allowed values). ``failed`` lists
     values that failed recently: a step up never lands on one.
+
+    ``fit`` is the computed target of the knob — (value or None, why, the prediction) — that
+    the operation ``fit`` moves to: down whenever it is below the current value, up only with
+    ``fit_up`` (memory and crash policies only lower), and for the utilization only past
+    :data:`FIT_HYSTERESIS`. Without a target (nothing calibrated) it changes nothing and says
+    why, so a ``first_of`` goes on to its notches.
     """
     if knob not in TUNABLES:
         return TuneResult(knob, current, current, f"'{knob}' is not a tunable")
@@ -242,7 +271,30 @@ def apply_tune(
     if current is None:
         return TuneResult(knob, current, current, f"{knob} has no current value")
     direction = 0
-    if operation in ("step_down", "step_up"):
+    prediction = None
+    if operation == "fit":
+        if knob not in FIT_TUNABLES:
+            return TuneResult(knob, current, current, f"{knob} has no fit")
+        value, why, prediction = fit if fit is not None else (None, "nothing calibrated yet", None)
+        if value is None or isinstance(current, bool) or not isinstance(current, int | float):
+            return TuneResult(knob, current, current, f"{knob}: no fit ({why})")
+        direction = -1 if value < current else 1
+        if direction > 0 and not fit_up:
+            return TuneResult(
+                knob, current, current, f"{knob} {current} is within its fit ({value}): {why}", settled=True
+            )
+        if knob == "gpu_memory_utilization":
+            gap = abs(value - current)
+            if gap < FIT_HYSTERESIS["down" if direction < 0 else "up"] or value == current:
+                return TuneResult(
+                    knob,
+                    current,
+                    current,
+                    f"{knob} {current} is close enough to its fit ({value}): {why}",
+                    settled=True,
+                )
+        wanted = value
+    elif operation in ("step_down", "step_up"):
         direction = -1 if operation == "step_down" else 1
         wanted = (
             _ladder_step(ladder, current, direction) if ladder else _default_step(knob, current, direction)
@@ -311,7 +363,16 @@ def apply_tune(
             knob, current, current, f"{knob} is already at its {edge} ({current}): nothing to change"
         )
     clamped = " (clamped to its bounds)" if after != wanted else ""
-    return TuneResult(knob, current, after, f"{knob} {current} → {after}{clamped}")
+    if operation == "fit" and raw != after and not (isinstance(raw, float) and round(raw, 3) == after):
+        clamped = " (clamped to its bounds)"  # a fit's target lies outside them
+    computed = f" (fit: {fit[1]})" if operation == "fit" and fit is not None else ""
+    return TuneResult(
+        knob,
+        current,
+        after,
+        f"{knob} {current} → {after}{clamped}{computed}",
+        prediction=prediction if not clamped else None,  # it was made for the unclamped value
+    )
 
 
 def _clamp(knob: str, value: Any, bounds: Sequence[Any]) -> Any:
@@ -319,7 +380,9 @@ def _clamp(knob: str, value: Any, bounds: Sequence[Any]) -> Any:
         return value  # checked against the allowed values already
     low, high = bounds[0], bounds[1]
     clamped = min(max(value, low), high)
-    return int(clamped) if knob in INTEGER_TUNABLES else _two_decimals(clamped)
+    if knob in INTEGER_TUNABLES:
+        return int(clamped)
+    return round(clamped, 3)  # a fit's thousandths; the notches' hundredths stay as they are
 
 
 def settings_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:

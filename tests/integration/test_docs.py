@@ -314,7 +314,7 @@ def test_the_kubernetes_example_config_passes_config_check(tmp_path: Path) -> No
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "7 policies; mode advise" in done.stdout
+    assert "9 policies; mode advise" in done.stdout
 
 
 def test_the_annotated_config_in_docs_passes_config_check(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,14 @@ class TestStartupFigures:
         assert result.kv_cache_size_tokens == 567_978
         assert (result.max_concurrency, result.max_model_len) == (4.33, 131_072)
         assert result.crash is None
+
+    def test_the_cuda_graph_estimate_is_read(self) -> None:
+        """A real H200 start (vLLM 0.20.2, tests/data/vllm_startup_records.json): the graphs'
+        share of the budget, which calibration takes out of the activation peak."""
+        records = json.loads((Path(__file__).parents[1] / "data" / "vllm_startup_records.json").read_text())
+        record = next(r for r in records["records"] if r["id"] == "h200-gemma4-26b-a4b-it-v0202")
+        assert diagnose(record["lines"]).cuda_graph_gib == 0.88
+        assert diagnose(["Estimated CUDA graph memory: 1..2 GiB total"]).cuda_graph_gib is None
 
     def test_diagnose_two_line_kv_size_format_with_colours(self) -> None:
         """v0.24 (club-3090#612) printed the two figures on two lines; colours on a TTY."""
@@ -248,3 +257,16 @@ class TestMalformedNumbers:
         crash = diagnose(["CUDA out of memory. Tried to allocate " + "9" * 400 + " TiB"]).crash
         assert crash is not None
         assert crash.tried_to_allocate_bytes is None
+
+
+def test_a_start_refused_for_free_memory_says_how_much_was_free() -> None:
+    """nosana-ci/pipeline-templates#170's real text (tests/data/vllm-failures): the free and
+    total memory vLLM saw, which a `fit` of the utilization starts from."""
+    text = (
+        Path(__file__).parents[1] / "data" / "vllm-failures" / "insufficient-free-nosana-170.log"
+    ).read_text()
+    crash = diagnose(text.splitlines(), exit_code=1).crash
+    assert crash is not None
+    assert crash.kind == "insufficient_free_memory"
+    assert (crash.free_at_start_bytes, crash.total_bytes) == (round(18.78 * GIB), round(23.5 * GIB))
+    assert crash.to_dict()["free_at_start_bytes"] == round(18.78 * GIB)

@@ -167,3 +167,46 @@ def test_bounds_are_low_then_high_and_in_range(knob: str, bounds: object, proble
     assert why.startswith(problem)
     assert bounds_problem("max_num_seqs", [4, 4]) is None
     assert bounds_problem("kv_cache_dtype", ["auto", "fp8"]) is None
+
+
+class TestFit:
+    BOUNDS = (0.80, 0.95)
+
+    def test_fit_moves_down_to_the_target_in_thousandths(self) -> None:
+        result = apply_tune(
+            "gpu_memory_utilization", "fit", 0.92, self.BOUNDS, fit=(0.8734, "peak", {"p": 1})
+        )
+        assert (result.after, result.prediction) == (0.873, {"p": 1})
+        assert "fit: peak" in result.reason
+
+    def test_fit_is_clamped_to_the_bounds_and_then_has_no_prediction(self) -> None:
+        result = apply_tune("gpu_memory_utilization", "fit", 0.92, self.BOUNDS, fit=(0.7, "peak", {"p": 1}))
+        assert result.after == 0.8
+        assert result.prediction is None  # the prediction was for 0.7
+
+    def test_no_target_changes_nothing_and_says_why(self) -> None:
+        result = apply_tune(
+            "gpu_memory_utilization", "fit", 0.92, self.BOUNDS, fit=(None, "nothing seen", None)
+        )
+        assert not result.changed
+        assert not result.settled
+        assert "nothing seen" in result.reason
+        assert not apply_tune("gpu_memory_utilization", "fit", 0.92, self.BOUNDS).changed
+
+    def test_small_moves_are_within_the_fit(self) -> None:
+        down = apply_tune("gpu_memory_utilization", "fit", 0.92, self.BOUNDS, fit=(0.917, "peak", None))
+        up = apply_tune("gpu_memory_utilization", "fit", 0.92, self.BOUNDS, fit=(0.935, "peak", None))
+        assert (down.changed, down.settled, up.changed, up.settled) == (False, True, False, True)
+
+    def test_a_memory_policy_never_raises(self) -> None:
+        result = apply_tune(
+            "gpu_memory_utilization", "fit", 0.85, self.BOUNDS, fit=(0.93, "room", None), fit_up=False
+        )
+        assert (result.changed, result.settled) == (False, True)
+
+    def test_fit_of_steps_and_knobs_without_one(self) -> None:
+        assert (
+            apply_tune("max_num_batched_tokens", "fit", 8192, [512, 8192], fit=(2048, "room", None)).after
+            == 2048
+        )
+        assert not apply_tune("max_model_len", "fit", 8192, [512, 8192]).changed

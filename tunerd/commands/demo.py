@@ -38,6 +38,7 @@ examples:
   tunerd demo                              the seed's story (about a minute)
   tunerd demo --scenario crash-loop --lang zh
   tunerd demo --json > result.json         the outcome as one JSON object, no narration
+  tunerd demo --box-seed 7                 a box whose truth tunerd must discover
 """
 )
 
@@ -85,6 +86,14 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the outcome as one JSON object, no narration"
     )
+    parser.add_argument(
+        "--box-seed",
+        type=int,
+        metavar="N",
+        help="a simulated box whose hidden truth (CUDA context, activations, fragmentation, a desktop, "
+        "the driver's reserve) is drawn from N: tunerd must measure it; the final pool is judged "
+        "against the simulator's own safe maximum",
+    )
     parser.set_defaults(handler=_demo, prog=parser.prog)
 
 
@@ -105,7 +114,9 @@ def _demo(args: argparse.Namespace) -> int:
     def tell(line: str) -> None:
         print(line, flush=True)
 
-    options = DemoOptions(scenario=chosen, policies=policies, workdir=workdir, language=language)
+    options = DemoOptions(
+        scenario=chosen, policies=policies, workdir=workdir, language=language, box_seed=args.box_seed
+    )
     result = run_demo(options, tell=None if args.json else tell)
     report = Path(args.report)
     write_report(result, report)

@@ -19,12 +19,15 @@ from tunerd.planner.recommend import Settings, evaluate, safe_utilization
 from tunerd.planner.shapes import builtin_model
 from tunerd.units import GIB
 
-__all__ = ["Check", "Sample", "bill_table", "checks", "price", "render_html", "safe_kv_tokens"]
+__all__ = ["Check", "Sample", "bill_table", "box_text", "checks", "price", "render_html", "safe_kv_tokens"]
 
 #: DESIGN §8: the seed scenario converges in at most this many restarts …
 MAX_RESTARTS = 3
-#: … ending with at least this share of the planner's safe maximum KV capacity.
+#: … ending with at least this share of the planner's safe maximum KV capacity;
 MIN_KV_SHARE = 0.90
+#: on a box with hidden truth (``--box-seed``), this share of the simulator's own safe maximum
+#: (issue 18's bar for every box; the benchmark holds the median to 95 %).
+MIN_TRUE_KV_SHARE = 0.85
 
 
 @dataclass(frozen=True)
@@ -99,15 +102,33 @@ def bill_table(scenario: Scenario, before: Mapping[str, Any], after: Mapping[str
     return lines
 
 
-def checks(story: Story, final: Mapping[str, Any], kv_tokens: int | None) -> list[Check]:
-    """DESIGN §8's convergence bar, measured on this run."""
+def checks(
+    story: Story, final: Mapping[str, Any], kv_tokens: int | None, true_safe_kv_tokens: int | None = None
+) -> list[Check]:
+    """DESIGN §8's convergence bar, measured on this run; with the simulator's own safe
+    maximum (a box with hidden truth) the final pool is judged against it, not the planner."""
     restarts = story.restarts_used()
     settled = story.settled_at()
+    result = [
+        Check("restarts to converge", str(restarts), f"≤ {MAX_RESTARTS}", restarts <= MAX_RESTARTS),
+        Check("OOMs after converging", str(story.ooms_after(settled)), "0", story.ooms_after(settled) == 0),
+    ]
+    if true_safe_kv_tokens is not None:
+        safe = true_safe_kv_tokens or 0
+        share = (kv_tokens or 0) / safe if safe else 0.0
+        return [
+            *result,
+            Check(
+                "final KV pool / the box's true safe maximum",
+                f"{kv_tokens or 0:,} / {safe:,} = {share:.0%}",
+                f"≥ {MIN_TRUE_KV_SHARE:.0%}",
+                share >= MIN_TRUE_KV_SHARE,
+            ),
+        ]
     safe = safe_kv_tokens(story.scenario, final)
     share = (kv_tokens or 0) / safe if safe else 0.0
     return [
-        Check("restarts to converge", str(restarts), f"≤ {MAX_RESTARTS}", restarts <= MAX_RESTARTS),
-        Check("OOMs after converging", str(story.ooms_after(settled)), "0", story.ooms_after(settled) == 0),
+        *result,
         Check(
             "final KV pool / planner's safe maximum",
             f"{kv_tokens or 0:,} / {safe:,} = {share:.0%}",
@@ -115,6 +136,19 @@ def checks(story: Story, final: Mapping[str, Any], kv_tokens: int | None) -> lis
             share >= MIN_KV_SHARE,
         ),
     ]
+
+
+def box_text(box: Mapping[str, Any] | None) -> str:
+    """A box's hidden parameters in one line (the demo's summary, after the story)."""
+    if not box:
+        return "(its truth did not answer)"
+    return (
+        f"CUDA context {box['cuda_context_bytes'] / 2**20:.0f} MiB, non-torch "
+        f"{box['non_torch_bytes'] / 2**20:.0f} MiB, activations ×{box['activation_scale']:.2f}, graphs "
+        f"×{box['graph_scale']:.2f}, fragmentation ≤ {box['frag_max']:.0%}, desktop "
+        f"{box['desktop_bytes'] / 2**20:.0f} MiB, driver reserve "
+        f"{box['driver_reserve_bytes'] / 2**20:.0f} MiB"
+    )
 
 
 _COLOURS = {

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from tunerd.demo.report import Check, Sample, bill_table, checks, render_html, safe_kv_tokens
+from tunerd.demo.report import Check, Sample, bill_table, box_text, checks, render_html, safe_kv_tokens
 from tunerd.demo.scenarios import Scenario
 from tunerd.demo.story import Story, Verdict, clock_text, settings_text
 from tunerd.planner.gpus import gpu_profile
@@ -33,7 +33,7 @@ from tunerd.sources.vllm_metrics import parse as parse_metrics
 from tunerd.state import State, StateError
 from tunerd.yamlfile import load_yaml
 
-__all__ = ["DemoOptions", "DemoResult", "run_demo", "write_report"]
+__all__ = ["DemoOptions", "DemoResult", "run_demo", "without_fits", "write_report"]
 
 #: Simulated neighbours' PIDs start here (``tunerd sim serve``); below it, the engine's.
 _NEIGHBOUR_PIDS = 4_194_305
@@ -48,6 +48,8 @@ class DemoOptions:
     language: str = "en"
     wall_limit: float = 175.0  # seconds: the demo promises to finish within 3 minutes
     out: TextIO | None = None  # narration; None: quiet (--json)
+    #: the simulated box's hidden truth drawn from this seed (None: the planner's assumptions)
+    box_seed: int | None = None
 
 
 @dataclass
@@ -68,8 +70,20 @@ class DemoResult:
     simulated_seconds: float
     samples: list[Sample] = field(default_factory=list)
     story: Story | None = None
+    ooms_after_converging: int = 0
+    box_seed: int | None = None
+    #: the simulator's own safe maximum pool for the final settings' other knobs (/sim/truth)
+    true_safe_kv_tokens: int | None = None
+    truth: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.box_seed is not None:
+            extra = {
+                "box_seed": self.box_seed,
+                "true_safe_max_kv_cache_tokens": self.true_safe_kv_tokens,
+                "truth": self.truth,
+            }
         return {
             "scenario": self.scenario,
             "ok": self.ok,
@@ -80,6 +94,8 @@ class DemoResult:
             "planner_safe_kv_tokens": self.safe_kv_tokens,
             "restarts": self.restarts,
             "crashes": self.crashes,
+            "ooms_after_converging": self.ooms_after_converging,
+            **extra,
             "checks": [check.__dict__ for check in self.checks],
             "wall_seconds": round(self.wall_seconds, 1),
             "simulated_seconds": round(self.simulated_seconds),
@@ -94,13 +110,31 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def without_fits(document: dict[str, Any]) -> bool:
+    """Take every ``fit`` alternative out of a policy document's ``first_of`` actions (one whose
+    alternatives are all fits keeps its first); whether anything was taken out."""
+    taken = False
+    for policy in document.get("policies") or []:
+        for action in policy.get("then") or []:
+            options = action.get("first_of") if isinstance(action, dict) else None
+            if not options:
+                continue
+            kept = [option for option in options if "fit" not in (option.get("tune") or {}).values()]
+            taken = taken or len(kept) < len(options)
+            action["first_of"] = kept or options[:1]
+    return taken
+
+
 def _policies(options: DemoOptions) -> tuple[Path, list[str]]:
-    """The shipped policies; with the scenario's mode overrides written to a copy (said)."""
+    """The shipped policies; with the scenario's mode overrides (or its notches only) written
+    to a copy (said)."""
     scenario = options.scenario
-    if not scenario.policy_modes:
+    if not scenario.policy_modes and not scenario.notches_only:
         return options.policies, []
     document = load_yaml(options.policies).data  # the one loader: no aliases, located errors
     said = []
+    if scenario.notches_only and without_fits(document):
+        said.append("computed moves (fit) taken out")
     for policy in document["policies"]:
         mode = scenario.policy_modes.get(policy["name"])
         if mode is not None:
@@ -119,6 +153,7 @@ def _config(options: DemoOptions, port: int, policies: Path) -> Path:
         "--time-scale", f"{scenario.time_scale:g}", "--seed", "0",
         "--sim-model", scenario.model, "--sim-weights", scenario.weights, "--sim-gpu", scenario.gpu,
         *scenario.sim_args,
+        *(["--box-seed", str(options.box_seed)] if options.box_seed is not None else []),
     ]  # fmt: skip
     config = {
         "engines": [
@@ -190,6 +225,21 @@ class _Watch:
         except httpx.HTTPError:
             return False
 
+    def truth(self, load: Any) -> dict[str, Any] | None:
+        """The simulator's own safe maximum for the scenario's load (``/sim/truth``)."""
+        query = {}
+        if load is not None:
+            query = {
+                "concurrency": load.concurrency,
+                "prompt_tokens": load.prompt_tokens,
+                "max_tokens": load.max_tokens,
+            }
+        try:
+            answer = self.client.get(self.url + "/sim/truth", params=query, timeout=60.0)
+            return answer.json() if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
     def kv_tokens(self) -> int | None:
         try:
             return parse_metrics(self.client.get(self.url + "/metrics").text).kv_cache_size_tokens
@@ -248,7 +298,7 @@ def _load(options: DemoOptions, url: str) -> subprocess.Popen[bytes] | None:
 def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) -> DemoResult:
     """Play the scenario; return how it ended. Every process it started is stopped."""
     scenario = options.scenario
-    story = Story(scenario, options.language)
+    story = Story(scenario, options.language, tune_required=options.box_seed is None)
     narration: list[str] = []
     started = time.monotonic()
 
@@ -296,6 +346,7 @@ def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) ->
     samples: list[Sample] = []
     load: subprocess.Popen[bytes] | None = None
     serving_pid: int | None = None
+    truth: dict[str, Any] | None = None
     running_settings: dict[str, Any] = dict(scenario.settings)
     verdict: Verdict | None = None
     try:
@@ -335,6 +386,8 @@ def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) ->
                     )
                 )
             verdict = story.verdict(t)
+            if verdict is not None and options.box_seed is not None:
+                truth = watch.truth(scenario.load)  # while the final engine still serves
             if verdict is None and daemon.poll() is not None:
                 say(story.say("daemon_died", code=daemon.returncode, log=options.workdir / "tunerd.log"))
                 verdict = Verdict(False, "tunerd exited")
@@ -361,14 +414,19 @@ def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) ->
         watch.close()
     final = story.settings[-1][1] if story.settings else None
     kv = story.kv_tokens[-1][1] if story.kv_tokens else None
+    safe_max = (truth or {}).get("safe_max") or {}
+    true_safe = safe_max.get("kv_cache_tokens") if isinstance(safe_max, dict) else None
     summary: list[str] = []
     measured: list[Check] = []
     if final is not None:
         summary.append(f"start: {settings_text(scenario.settings)}")
         summary.append(f"final: {settings_text(final)}")
-        summary.extend(bill_table(scenario, scenario.settings, final))
+        if options.box_seed is None:
+            summary.extend(bill_table(scenario, scenario.settings, final))
+        else:
+            summary.append(f"box {options.box_seed}: {box_text((truth or {}).get('box'))}")
         if scenario.expect == "converged":
-            measured = checks(story, final, kv)
+            measured = checks(story, final, kv, true_safe if options.box_seed is not None else None)
             summary.extend(
                 f"  {'met' if c.met else 'NOT MET':<8}{c.name}: {c.value} (target {c.target})"
                 for c in measured
@@ -391,6 +449,10 @@ def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) ->
         simulated_seconds=now(),
         samples=samples,
         story=story,
+        ooms_after_converging=story.ooms_after(story.settled_at()),
+        box_seed=options.box_seed,
+        true_safe_kv_tokens=true_safe if isinstance(true_safe, int) else None,
+        truth=truth,
     )
 
 

@@ -46,6 +46,9 @@ class Scenario:
     alert_policy: str | None = None
     #: Shipped policies whose ``mode`` the demo overrides (the operator's choice, said aloud).
     policy_modes: dict[str, str] = field(default_factory=dict)
+    #: Play it with the computed moves (``fit``) taken out of the policies: what tunerd does
+    #: with nothing calibrated (said aloud).
+    notches_only: bool = False
     #: Simulated seconds without a change (crash, restart, tune) that count as stable.
     stable_for: float = 600.0
     #: Simulated seconds after which a story that has not ended is a failure.
@@ -113,8 +116,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="startup-failure",
             title={
-                "en": "tuned settings that do not start: back to the last that did",
-                "zh": "调整后的配置启动失败：回滚到上一次能用的配置",
+                "en": "tuned settings that do not start (notches, uncalibrated): back to the last that did",
+                "zh": "调整后的配置启动失败（仅按档位调整、未校准）：回滚到上一次能用的配置",
             },
             # the model's whole context (131,072 tokens) must fit the pool: at 0.96 it does,
             # at 0.93 it does not — which only a start can tell tunerd
@@ -129,6 +132,9 @@ SCENARIOS: dict[str, Scenario] = {
             # a burst of eight long requests once tunerd's settle period after the start is over
             load=Load(concurrency=4, prompt_tokens=28000, max_tokens=512, requests=8, start_after=960),
             expect="rolled_back",
+            # calibrated, tunerd would not take that step (its fit checks the pool still holds
+            # the model's context): the notches alone show what the rollback guard is for
+            notches_only=True,
         ),
         Scenario(
             name="crash-loop",

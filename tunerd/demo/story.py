@@ -86,6 +86,10 @@ TEXTS: dict[str, dict[str, str]] = {
     },
 }
 
+#: Without a tune to wait for (a box with hidden truth may start safe), a story is stable after
+#: this long without a change or an alert: longer than the settle period (900 s) an action
+#: the alert announced may wait out.
+STABLE_UNTUNED_S = 960.0
 #: History outcomes that are final (``applied`` is a restart still in flight).
 FINAL = {"succeeded", "rolled_back", "failed", "skipped", "proposed"}
 #: What counts as a restart tunerd caused (the §8 convergence bar counts them).
@@ -144,6 +148,10 @@ class Story:
     settings: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # each start's
     last_change: float = 0.0
     serving: bool = False
+    #: a "converged" story must have tuned something (the scenario's start is unsafe by the
+    #: planner's own model); on a box with hidden truth the start may well be safe as it is —
+    #: then stable means :data:`STABLE_UNTUNED_S` without a change or an alert
+    tune_required: bool = True
     _seen: set[tuple[int, str]] = field(default_factory=set)
     _ratchets: set[Any] = field(default_factory=set)  # each ratchet is said once
 
@@ -270,11 +278,12 @@ class Story:
     def verdict(self, now: float) -> Verdict | None:
         """None while the story goes on; else how it ended."""
         scenario = self.scenario
-        stable = self.serving and now - self.last_change >= scenario.stable_for
+        quiet_for = scenario.stable_for if self.tune_required else max(scenario.stable_for, STABLE_UNTUNED_S)
+        stable = self.serving and now - self.last_change >= quiet_for
         held = any(row["kind"] == "hold" for row in self.rows)
         alerts = [row for row in self.rows if row["kind"] == "notify"]
         tuned = self.tunes()
-        minutes = scenario.stable_for / 60
+        minutes = quiet_for / 60
         if scenario.expect == "held" and held:
             return Verdict(True, self.say("ended_held"))
         if held and scenario.expect in ("converged", "tuned_up", "rolled_back"):
@@ -284,7 +293,7 @@ class Story:
             said = self.say("and_held") if held else ""
             return Verdict(True, self.say("ended_alerted", policy=scenario.alert_policy, held=said))
         if stable:
-            if scenario.expect == "converged" and tuned:
+            if scenario.expect == "converged" and (tuned or not self.tune_required):
                 return Verdict(True, self.say("stable", minutes=minutes))
             if scenario.expect == "rolled_back" and self.tunes("rolled_back"):
                 return Verdict(True, self.say("stable", minutes=minutes))
@@ -324,6 +333,8 @@ class Story:
                     )
                 )
         self._mark(now, "alert", title)
+        if not self.tune_required:
+            self.last_change = now  # an alert may come before an action waiting out a guard
         sent = reason.rsplit("(sent to ", 1)
         where = f" → {sent[1].rstrip(')')}" if len(sent) == 2 else ""
         return [*lines, self.say("alert", severity=severity, title=title, where=where)]

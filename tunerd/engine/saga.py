@@ -329,6 +329,15 @@ class Supervisor:
     def healthy(self) -> bool:
         return self.client.health() == 200
 
+    def settling(self, now: float) -> str | None:
+        """Why a restart must wait when only the settle period stands in its way (None when
+        it may go, or when something else refuses it: the restart's own refusal says that)."""
+        facts = self.facts()
+        if may_change(facts, self.guards, now, settle=False) is not None:
+            return None
+        refusal = may_change(facts, self.guards, now)
+        return None if refusal is None else refusal.reason
+
     def in_flight(self) -> bool:
         """A saga of this engine is under way (its intent is recorded). Kept in memory — only
         this supervisor writes its intent — so other threads (the sampler's look for a dead

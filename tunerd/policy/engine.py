@@ -14,7 +14,10 @@ Policies that fire at the same tick merge into one plan in a fixed order — cra
 first, then memory, then saturation, then the rest, each group in file order: the first tune
 of a knob wins, ``first_of`` takes the first alternative that changes something, ``hold``
 drops the tunes and the restart, ``rollback`` drops the tunes, and a policy whose tunes all
-change nothing asks for no restart. At most one restart. Each policy's mode is capped by the
+change nothing asks for no restart. A ``fit`` moves a knob to the target computed from the
+calibrated box (``EngineContext.fits``) — only down in a crash or memory policy — and, once
+computed, is a ``first_of``'s answer even when the knob is already there; without a target
+the ``first_of`` goes on to its notches. At most one restart. Each policy's mode is capped by the
 global mode; the plan takes the highest of them, and a policy with a more careful mode than
 the plan's only proposes (its alerts go out, its tunes are reasons, not changes).
 """
@@ -88,6 +91,9 @@ class EngineContext:
     failed: Mapping[str, Sequence[Any]] = field(default_factory=dict)  # values that failed lately
     mode: Mode = Mode.ADVISE  # the global mode
     observed_since: float = 0.0  # when tunerd started watching (for no_event)
+    #: knob → (target, why, prediction): what a ``tune: {knob: fit}`` moves to, computed from
+    #: the calibrated box (:func:`tunerd.planner.calibration.fits`); absent: nothing calibrated
+    fits: Mapping[str, tuple[Any, str, Mapping[str, Any] | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,11 @@ class ActionPlan:
     notify: tuple[NotifyRequest, ...] = ()
     evidence: Mapping[str, Any] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
+    #: what the new settings are predicted to give on the calibrated box (the daemon adds it)
+    prediction: Mapping[str, Any] | None = None
+    #: a memory policy asks for a restart now (not in a quiet moment): it waits out the settle
+    #: period after the last restart instead of being dropped by it
+    urgent: bool = False
 
     @property
     def changes(self) -> dict[str, tuple[Any, Any]]:
@@ -332,7 +343,7 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
     notify: list[NotifyRequest] = []
     reasons: list[str] = []
 
-    def tune(knobs: Mapping[str, Any], dry: bool = False) -> list[TuneResult]:
+    def tune(knobs: Mapping[str, Any], dry: bool = False, fit_up: bool = True) -> list[TuneResult]:
         results = []
         for knob, operation in knobs.items():
             if knob in touched:
@@ -352,6 +363,8 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
                 context.bounds.get(knob),
                 ladder=context.ladders.get(knob),
                 failed=context.failed.get(knob, ()),
+                fit=context.fits.get(knob),
+                fit_up=fit_up,
             )
             results.append(result)
             if not dry and result.changed:
@@ -362,6 +375,8 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
     for policy, _ in fired:
         policy_tunes: list[TuneResult] = []
         wants_restart: RestartSpec | None = None
+        # A crash or memory policy asks for safer settings: its fits only ever lower a knob.
+        up = _category(policy.when) not in {"crash", "memory"}
         if policy in proposals:
             for action in policy.then:
                 if isinstance(action, NotifyAction):
@@ -370,24 +385,28 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
                     knobs = action.tune if isinstance(action, TuneAction) else action.first_of[0].tune
                     reasons += [
                         f"{policy.name} (mode {_mode(policy, context.mode)}, proposed only): {r.reason}"
-                        for r in tune(knobs, dry=True)
+                        for r in tune(knobs, dry=True, fit_up=up)
                     ]
             continue
         for action in policy.then:
             if isinstance(action, TuneAction):
-                policy_tunes += tune(action.tune)
+                policy_tunes += tune(action.tune, fit_up=up)
             elif isinstance(action, FirstOfAction):
                 # The first alternative whose knob is not at its bound: one already moved by an
                 # earlier policy in this plan counts as taken (no second knob on top of it).
                 for option in action.first_of:
                     if any(knob in touched for knob in option.tune):
-                        policy_tunes += tune(option.tune, dry=True)
+                        policy_tunes += tune(option.tune, dry=True, fit_up=up)
                         break
-                    if any(result.changed for result in tune(option.tune, dry=True)):
-                        policy_tunes += tune(option.tune)
+                    tried = tune(option.tune, dry=True, fit_up=up)
+                    if any(result.changed for result in tried):
+                        policy_tunes += tune(option.tune, fit_up=up)
+                        break
+                    if any(result.settled for result in tried):
+                        policy_tunes += tried  # a computed fit says it is fine: no notch on top
                         break
                 else:
-                    policy_tunes += tune(action.first_of[0].tune, dry=True)
+                    policy_tunes += tune(action.first_of[0].tune, dry=True, fit_up=up)
             elif isinstance(action, RestartAction):
                 wants_restart = action.restart
             elif isinstance(action, RollbackAction) and action.rollback:
@@ -412,9 +431,16 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
         reasons.append("rollback: return to the last known good settings")
         tunes = [replace(t, after=t.before, reason=f"{t.reason} (dropped: rollback)") for t in tunes]
         settings = dict(context.settings)
+    acting = [policy for policy, _ in fired if policy not in proposals]
+    urgent = (
+        restart is not None
+        and not restart.quiet
+        and any(_category(policy.when) == "memory" for policy in acting)
+    )
     return ActionPlan(
         engine=context.name,
         time=now,
+        urgent=urgent,
         policies=tuple(policy.name for policy, _ in fired),
         mode=mode,
         before=dict(context.settings),

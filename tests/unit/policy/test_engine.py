@@ -219,3 +219,56 @@ def test_matures_at_says_when_a_for_will_have_held_long_enough() -> None:
     states, plan = evaluate(both, states, store, _context(), 160.0)
     assert plan is not None
     assert "hot" in plan.policies
+
+
+FITTING = _policies("""
+  - name: oom
+    when: {event: engine_crash, kind: cuda_oom}
+    then:
+      - first_of:
+          - tune: {gpu_memory_utilization: fit}
+          - tune: {gpu_memory_utilization: -0.03}
+          - tune: {max_num_batched_tokens: halve}
+      - restart: {drain: 0s}
+  - name: underused
+    when: {metric: kv_cache_usage, below: 0.4}
+    then: [{tune: {gpu_memory_utilization: fit}}, {restart: {drain: 0s}}]
+""")
+
+
+def _fit_plan(
+    fit: tuple[object, str, object] | None, *, crash: bool
+) -> tuple[dict[str, tuple[object, object]], tuple[str, ...]]:
+    store = Store(capacity=100)
+    if crash:
+        store.add_event(Event(1.0, "engine_crash", "e", data={"kind": "cuda_oom"}))
+    else:
+        store.record("kv_cache_usage", "e", 1.0, 0.1)
+    fits = {} if fit is None else {"gpu_memory_utilization": fit}
+    context = EngineContext(name="e", settings=SETTINGS, bounds=BOUNDS, mode="act", fits=fits)  # type: ignore[arg-type]
+    _, plan = evaluate(FITTING, new_states(FITTING), store, context, 2.0)
+    assert plan is not None
+    return plan.changes, plan.reasons
+
+
+def test_a_computed_fit_is_the_first_ofs_answer() -> None:
+    changes, reasons = _fit_plan((0.874, "the observed peak", {"kv_cache_tokens": 100}), crash=True)
+    assert changes == {"gpu_memory_utilization": (0.92, 0.874)}
+    assert "fit: the observed peak" in reasons[0]
+
+
+def test_without_calibration_the_notches_take_over() -> None:
+    assert _fit_plan(None, crash=True)[0] == {"gpu_memory_utilization": (0.92, 0.89)}
+
+
+def test_a_fit_that_says_the_engine_is_fine_stops_the_notches() -> None:
+    """Calibrated and already within its fit: the crash policy changes nothing rather than
+    taking a notch on top (and so asks for no restart)."""
+    changes, reasons = _fit_plan((0.93, "room to spare", None), crash=True)
+    assert changes == {}
+    assert any("within its fit" in reason for reason in reasons)
+
+
+def test_a_fit_goes_up_only_outside_crash_and_memory_policies_and_past_the_hysteresis() -> None:
+    assert _fit_plan((0.95, "room", None), crash=False)[0] == {"gpu_memory_utilization": (0.92, 0.95)}
+    assert _fit_plan((0.93, "a little room", None), crash=False)[0] == {}  # under 0.02: not worth it
