@@ -948,10 +948,22 @@ class Daemon:
                 cuda_graph_gib=figures.cuda_graph_gib,
             )
             observation = self._compare_prediction(loop, observation)
+            observation = replace(observation, outside_floor_bytes=self._outside_floor(loop))
             loop.free_at_start = None  # it started: what a refused start saw is over
         observation = observation.seen(memory.engine_memory_bytes, memory.other_processes_memory_bytes, now)
         loop.observation = observation
         self._save_observation(loop, now)
+
+    def _outside_floor(self, loop: EngineLoop) -> int | None:
+        """The least outside-the-budget memory the engine's earlier starts showed (its CUDA
+        context is the box's, whatever the settings)."""
+        previous = loop.observation
+        if previous is None:
+            return None
+        calibration = calibrate(previous)
+        found = [previous.outside_floor_bytes, calibration.outside_budget_bytes if calibration else None]
+        known = [value for value in found if value is not None]
+        return min(known) if known else None
 
     def _compare_prediction(self, loop: EngineLoop, observation: Observation) -> Observation:
         """A start of the settings a restart predicted: keep the prediction with it and say

@@ -180,6 +180,25 @@ def status_document(
     }
 
 
+def _calibration_lines(calibration: Mapping[str, Any] | None) -> list[str]:
+    """The box as measured, in one or two lines: the headroom at the observed worst, the
+    last prediction's error, the utilization a fit would pick."""
+    if not calibration or not calibration.get("bills"):
+        return []
+    bills = calibration["bills"]
+    error = calibration.get("prediction_error_ratio")
+    fit = (calibration.get("fits") or {}).get("gpu_memory_utilization") or {}
+    parts = [
+        f"peak {_gib(bills.get('over_budget_bytes'))} over budget",
+        f"headroom at the worst {_gib(bills.get('headroom_bytes'))}",
+    ]
+    if error is not None:
+        parts.append(f"last pool prediction {error:+.1%}")
+    if fit.get("value") is not None:
+        parts.append(f"fit utilization {fit['value']}")
+    return _wrap("  measured  ", parts)
+
+
 def _gib(value: Any) -> str:
     return "?" if value is None else f"{value / GIB:.1f} GiB"
 
@@ -370,6 +389,7 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
                 f"waiting {waiting} · preemptions {metrics.get('num_preemptions_total', '?')}"
             )
         )
+        lines += _calibration_lines(engine.get("calibration"))
         policies = engine.get("policies") or []
         shown = [
             f"{p['name']} {p['state']}"

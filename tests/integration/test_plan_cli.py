@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tunerd.state import State
+
 GIB = 1024**3
 
 
@@ -304,3 +306,53 @@ class TestRefusesWhatVllmRefuses:
         plan = plan_json("--model", name, "--gpu", "h100", "--concurrency", "1", "--context", "4K")
         assert plan["model"]["name"] == model
         assert plan["workload"]["weights"] == weights
+
+
+class TestCalibrated:
+    """`tunerd plan --calibrated ENGINE`: the planner on what the engine's start showed (a
+    state written as the daemon writes it; the observation is the seed's 4090 as the log and
+    NVML showed it: tests/data/vllm/startup-ok-0.32.log's line format, the simulator's box)."""
+
+    OBSERVATION: dict[str, Any] = {  # noqa: RUF012
+        "engine": "main",
+        "version": 2,
+        "pid": 4242,
+        "settings": {"gpu_memory_utilization": 0.92, "max_model_len": 32768, "max_num_seqs": 8,
+                     "max_num_batched_tokens": 2048, "kv_cache_dtype": "fp8"},
+        "time": 100.0,
+        "cuda_total_bytes": 24084 * 1024**2,
+        "weights_bytes": round(5.37 * GIB),
+        "kv_available_bytes": round(15.85 * GIB),
+        "kv_cache_tokens": 259_744,
+        "cuda_graph_bytes": round(0.08 * GIB),
+        "start_bytes": round(21.8 * GIB),
+        "peak_bytes": round(22.15 * GIB),
+        "others_peak_bytes": 300 * 1024**2,
+    }  # fmt: skip
+
+    def _state(self, tmp_path: Path) -> Path:
+        state = State.open(tmp_path)
+        state.save_observation("main", 2, 4242, self.OBSERVATION, 100.0)
+        state.close()
+        return tmp_path
+
+    def test_what_other_utilizations_would_give_on_this_box(self, tmp_path: Path) -> None:
+        directory = self._state(tmp_path)
+        done = tunerd("plan", "--calibrated", "main", "--state-dir", str(directory), check=True)
+        assert "main: the box as its start showed it (version 2, pid 4242)" in done.stdout
+        assert "KV pool 15.85 GiB (259,744 tokens)" in done.stdout
+        assert "fit gpu_memory_utilization: 0.9" in done.stdout
+        data = json.loads(
+            tunerd("plan", "--calibrated", "main", "--state-dir", str(directory), "--gpu-memory-utilization",
+                   "0.90", "--json", check=True).stdout
+        )  # fmt: skip
+        (prediction,) = data["predictions"]
+        assert prediction["settings"]["gpu_memory_utilization"] == 0.9
+        # 0.02 of 23.52 GiB less budget, at 64 KiB a token (fp8): about 7,700 tokens fewer
+        assert 250_000 < prediction["kv_cache_tokens"] < 259_744
+        assert data["bills"]["headroom_bytes"] is not None
+
+    def test_an_engine_never_seen_is_a_clear_error(self, tmp_path: Path) -> None:
+        done = tunerd("plan", "--calibrated", "other", "--state-dir", str(self._state(tmp_path)))
+        assert done.returncode == 2
+        assert "nothing calibrated for engine 'other'" in done.stderr

@@ -206,3 +206,22 @@ def test_the_json_keeps_its_fields_and_adds_the_state_trouble() -> None:
     document = status_document(mode=Mode.ACT, now=1.0, gpus=(), engines=[engine])
     assert document["state_trouble"] == []
     assert set(document) == {"mode", "time", "gpus", "engines", "state_trouble", "gpu_source"}
+
+
+def test_the_measured_box_is_on_the_screen() -> None:
+    """Issue 18: the calibration block in one line — the peak over budget, the headroom at the
+    worst, the last prediction's error, the utilization a fit would pick — and nothing before
+    an engine has been seen serving."""
+    engine = dict(STATUS["engines"][0])  # type: ignore[index]
+    engine["calibration"] = {
+        "bills": {"over_budget_bytes": GIB // 2, "headroom_bytes": GIB},
+        "prediction_error_ratio": -0.0012,
+        "fits": {"gpu_memory_utilization": {"value": 0.948, "reason": "…", "prediction": None}},
+    }
+    lines = render({**STATUS, "engines": [engine]}).splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("  measured  "))
+    shown = " · ".join(line.strip() for line in lines[start : start + 2]).removeprefix("measured  ")
+    assert shown.startswith("peak 0.5 GiB over budget · headroom at the worst 1.0 GiB · last pool")
+    assert "last pool prediction -0.1% · fit utilization 0.948" in shown
+    assert max(len(line) for line in lines) <= WIDTH
+    assert "measured" not in render(STATUS)

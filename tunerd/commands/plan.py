@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from dataclasses import replace
+from typing import Any
 
 from tunerd.commands import summary
 from tunerd.commands.common import (
@@ -18,7 +19,16 @@ from tunerd.commands.common import (
     token_count,
     utilization,
 )
-from tunerd.planner.bills import KV_DTYPES, VLLM_VERSION, WEIGHT_FORMATS
+from tunerd.commands.history import state_dir_of
+from tunerd.config import ConfigError, load_config
+from tunerd.planner.bills import KV_DTYPES, VLLM_KV_DTYPE, VLLM_VERSION, WEIGHT_FORMATS
+from tunerd.planner.calibration import (
+    PLAN_UTILIZATIONS,
+    Observation,
+    calibrate,
+    calibrated_plan,
+    render_calibrated,
+)
 from tunerd.planner.gpus import GPU_PROFILES, GpuProfile, custom_gpu, gpu_profile
 from tunerd.planner.recommend import PlanRequest, make_plan, safe_utilization
 from tunerd.planner.report import plan_to_dict, render_text
@@ -29,6 +39,7 @@ from tunerd.planner.shapes import (
     load_model_config,
     shape_from_config,
 )
+from tunerd.state import State, StateError
 from tunerd.units import format_size
 
 __all__ = ["register", "run"]
@@ -52,6 +63,7 @@ examples:
   tunerd plan --model-config ./config.json --gpu-mem 24GiB --context 32K --json
   tunerd plan --model llama-3.1-8b --gpu h100-80g --context 131072 --concurrency 16 --check
   tunerd plan --list                                                     # models and GPUs
+  tunerd plan --calibrated main --gpu-memory-utilization 0.90            # on this box, measured
 
 exit status: 0 planned (fits or not), 1 does not fit (only with --check), 2 bad input.
 The assumptions behind each bill are printed by --explain and documented in docs/planner.md.
@@ -157,6 +169,22 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
         "AWQ/GPTQ checkpoints, which vLLM detects (an explicit 'awq' "
         "forces the slow kernel)",
     )
+    box = parser.add_argument_group("calibrated: the box as a running engine showed it")
+    box.add_argument(
+        "--calibrated",
+        metavar="ENGINE",
+        help="plan from what ENGINE's last start showed of this box (tunerd's state: the log's "
+        "weights and pool, the GPU's readings) instead of the model and GPU profiles; the engine "
+        "settings flags then ask 'what would this give here' (default: a range of utilizations)",
+    )
+    box.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="tunerd's state directory (default: from --config, else its default)",
+    )
+    box.add_argument(
+        "--config", metavar="FILE", help="tunerd's config, for its state_dir and the engine's bounds"
+    )
     output = parser.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="one JSON object on stdout")
     output.add_argument("--explain", action="store_true", help="show the arithmetic")
@@ -215,10 +243,66 @@ def _list_known() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _calibrated(args: argparse.Namespace) -> int:
+    """``--calibrated ENGINE``: the planner on the box's own bills (tunerd's state)."""
+    directory = state_dir_of(args)
+    try:
+        state = State.open(directory, readonly=True)
+    except StateError as error:
+        raise UsageError(f"cannot read tunerd's state in {directory}: {error}") from None
+    try:
+        found = [Observation.from_dict(item) for item in state.observations(args.calibrated, limit=5)]
+    except StateError as error:
+        raise UsageError(f"cannot read tunerd's state in {directory}: {error}") from None
+    finally:
+        state.close()
+    observation = next((item for item in found if item is not None and calibrate(item) is not None), None)
+    if observation is None:
+        raise UsageError(
+            f"nothing calibrated for engine '{args.calibrated}' in {directory}: tunerd has not seen it "
+            "serve (its start-up figures and GPU readings) yet"
+        )
+    base = dict(observation.settings)
+    asked = {
+        knob: value
+        for knob, value in (
+            ("gpu_memory_utilization", args.gpu_memory_utilization),
+            ("max_num_batched_tokens", args.max_num_batched_tokens),
+            ("max_num_seqs", args.max_num_seqs),
+        )
+        if value is not None
+    }
+    if args.kv_dtype != "auto":
+        asked["kv_cache_dtype"] = VLLM_KV_DTYPE.get(args.kv_dtype, args.kv_dtype)
+    if asked:
+        wanted = [{**base, **asked}]
+    else:
+        wanted = [{**base, "gpu_memory_utilization": u} for u in PLAN_UTILIZATIONS]
+    bounds: dict[str, Any] = {}
+    if args.config:
+        try:
+            config = load_config(args.config)
+        except ConfigError as error:
+            raise UsageError(str(error).splitlines()[0]) from None
+        engine = next((e for e in config.engines if e.name == args.calibrated), None)
+        bounds = dict(engine.bounds) if engine is not None else {}
+        plan = calibrated_plan(observation, wanted, bounds, creep=config.fit.creep, margin=config.fit.margin)
+    else:
+        plan = calibrated_plan(observation, wanted, bounds)
+    assert plan is not None
+    if args.json:
+        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_calibrated(plan))
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list:
         sys.stdout.write(_list_known())
         return EXIT_OK
+    if args.calibrated:
+        return _calibrated(args)
     shape = _resolve_shape(args)
     gpu = _resolve_gpu(args)
     if args.concurrency is None and args.context is None:

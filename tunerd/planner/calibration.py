@@ -61,8 +61,10 @@ __all__ = [
     "Observation",
     "Prediction",
     "calibrate",
+    "calibrated_plan",
     "fits",
     "predict",
+    "render_calibrated",
 ]
 
 #: What a ``fit`` leaves free besides the observed peak and the neighbours.
@@ -93,11 +95,14 @@ class Observation:
     kv_available_bytes: int | None = None
     kv_cache_tokens: int | None = None
     cuda_graph_bytes: int | None = None
-    start_bytes: int | None = None  # the engine's memory when it first answered
-    peak_bytes: int | None = None  # the most it held since
+    start_bytes: int | None = None  # the least the engine held while it answered (its start)
+    peak_bytes: int | None = None  # the most it held
     others_peak_bytes: int | None = None  # the most the other processes on its GPU held
     oom_need_bytes: int | None = None  # at a CUDA OOM: what it held plus what it tried to take
     predicted_kv_tokens: int | None = None  # what tunerd predicted before starting it
+    #: the least outside-the-budget memory an earlier start of the engine showed: a start
+    #: that met traffic at once never reads as bare as its context, so the box's figure carries
+    outside_floor_bytes: int | None = None
 
     @classmethod
     def from_figures(
@@ -131,7 +136,7 @@ class Observation:
         """With one more GPU reading of the engine and its neighbours."""
         changed: dict[str, Any] = {}
         if engine_bytes is not None:
-            if self.start_bytes is None:
+            if self.start_bytes is None or engine_bytes < self.start_bytes:
                 changed["start_bytes"] = engine_bytes
             if self.peak_bytes is None or engine_bytes > self.peak_bytes:
                 changed["peak_bytes"] = engine_bytes
@@ -185,6 +190,7 @@ class Observation:
             "others_peak_bytes",
             "oom_need_bytes",
             "predicted_kv_tokens",
+            "outside_floor_bytes",
         )
         for name in ints:
             value = getattr(observation, name)
@@ -267,6 +273,8 @@ def calibrate(observation: Observation) -> Calibration | None:
     outside = None
     if o.start_bytes is not None:
         outside = max(0, o.start_bytes - weights - graphs - NON_TORCH_BYTES - blocks * block_bytes)
+    if o.outside_floor_bytes is not None:
+        outside = o.outside_floor_bytes if outside is None else min(outside, o.outside_floor_bytes)
     over = None
     if o.peak_bytes is not None:
         over = o.peak_bytes - budget
@@ -537,3 +545,77 @@ def fits(
 
 def _gib(value: int) -> str:
     return f"{value / GIB:.2f} GiB"
+
+
+#: The utilizations `tunerd plan --calibrated` predicts when none is asked for.
+PLAN_UTILIZATIONS = (0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.96)
+
+
+def calibrated_plan(
+    observation: Observation,
+    wanted: Sequence[Mapping[str, Any]],
+    bounds: Mapping[str, Sequence[Any]],
+    *,
+    creep: float = DEFAULT_CREEP,
+    margin: int = DEFAULT_MARGIN_BYTES,
+) -> dict[str, Any] | None:
+    """``tunerd plan --calibrated``: the box's bills from ``observation``, what each of the
+    ``wanted`` settings would give on it, and the ``fit`` targets (None: not calibrated)."""
+    calibration = calibrate(observation)
+    if calibration is None:
+        return None
+    predictions = [predict(calibration, settings) for settings in wanted]
+    return {
+        "engine": observation.engine,
+        "version": observation.version,
+        "pid": observation.pid,
+        "observed_at": observation.time,
+        "bills": calibration.to_dict(),
+        "predictions": [p.to_dict() for p in predictions if p is not None],
+        "fits": {
+            knob: fit.to_dict()
+            for knob, fit in fits(
+                observation, calibration.settings, bounds, creep=creep, margin=margin
+            ).items()
+        },
+    }
+
+
+def render_calibrated(plan: Mapping[str, Any]) -> str:
+    """The calibrated plan for a person: the bills, the predictions table, the fits."""
+    bills = plan["bills"]
+    settings = bills["settings"]
+
+    def size(value: int | None) -> str:
+        return "?" if value is None else _gib(value)
+
+    lines = [
+        f"{plan['engine']}: the box as its start showed it (version {plan['version']}, pid {plan['pid']}), "
+        f"at {', '.join(f'{k} {v}' for k, v in sorted(settings.items()))}",
+        f"  GPU total {size(bills['cuda_total_bytes'])}; budget {size(bills['budget_bytes'])}",
+        f"  weights {size(bills['weights_bytes'])} · KV pool {size(bills['kv_pool_bytes'])} "
+        f"({bills['num_blocks'] * BLOCK_SIZE:,} tokens) · activations {size(bills['activation_bytes'])}",
+        f"  CUDA graphs {size(bills['cuda_graph_bytes'])} · non-torch {size(bills['non_torch_bytes'])} "
+        "(assumed)",
+        f"  outside the budget {size(bills['outside_budget_bytes'])} · peak over the budget "
+        f"{size(bills['over_budget_bytes'])} · neighbours {size(bills['others_bytes'])} · headroom at the "
+        f"worst {size(bills['headroom_bytes'])}",
+        "",
+        f"  {'utilization':>11}  {'batched':>7}  {'KV pool (tokens)':>16}  {'concurrency':>11}  "
+        "headroom at the peak",
+    ]
+    for prediction in plan["predictions"]:
+        wanted = prediction["settings"]
+        concurrency = prediction["max_concurrency"]
+        times = "?" if concurrency is None else f"{concurrency:.2f}x"
+        utilization = wanted.get("gpu_memory_utilization", "?")
+        batched = wanted.get("max_num_batched_tokens", "?")
+        lines.append(
+            f"  {utilization:>11}  {batched:>7}  {prediction['kv_cache_tokens']:>16,}  {times:>11}  "
+            f"{size(prediction['headroom_bytes'])}"
+        )
+    lines.append("")
+    for knob, fit in plan["fits"].items():
+        value = "no fit" if fit["value"] is None else fit["value"]
+        lines.append(f"  fit {knob}: {value} — {fit['reason']}")
+    return "\n".join(lines) + "\n"

@@ -205,3 +205,25 @@ def test_an_observation_round_trips_through_its_dict() -> None:
 )
 def test_damaged_records_are_skipped(junk: dict[str, Any]) -> None:
     assert Observation.from_dict(junk) is None
+
+
+def test_a_start_that_met_traffic_at_once_keeps_the_boxs_context_from_before() -> None:
+    """After a restart under load the first reading already holds activations; the CUDA
+    context an earlier, bare start showed is the floor, so the creep is not counted twice."""
+    bare = _observe(BOXES[4])
+    calibration = calibrate(bare)
+    assert calibration is not None
+    assert calibration.outside_budget_bytes is not None
+    busy = replace(bare, start_bytes=bare.peak_bytes)  # never seen bare
+    busy_calibration = calibrate(busy)
+    assert busy_calibration is not None
+    assert busy_calibration.creep_bytes == 0  # the whole excess reads as context
+    floored = calibrate(replace(busy, outside_floor_bytes=calibration.outside_budget_bytes))
+    assert floored is not None
+    assert floored.outside_budget_bytes == calibration.outside_budget_bytes
+    assert (
+        fits(replace(busy, outside_floor_bytes=calibration.outside_budget_bytes), START, BOUNDS)[
+            "gpu_memory_utilization"
+        ].value
+        == fits(bare, START, BOUNDS)["gpu_memory_utilization"].value
+    )
