@@ -14,6 +14,7 @@ __all__ = ["COMMANDS", "summary"]
 #: command → (module under tunerd.commands, one-line help), in the order ``--help`` lists them
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "plan GPU memory for a model, precision and workload; recommend vLLM flags"),
+    "advise": ("advise", "right-size an engine's flags from what it served and what the box showed"),
     "inspect": ("inspect", "show what tunerd reads: a /metrics page, an engine log, the GPUs"),
     "policy": ("policy", "validate policy files, or run their tests"),
     "sim": ("sim", "the simulated GPU and vLLM engine, and a load generator"),

@@ -31,6 +31,7 @@ rate.
 from __future__ import annotations
 
 import http.client
+import itertools
 import math
 import re
 from collections import Counter
@@ -42,11 +43,14 @@ from tunerd.sources.http import KeptAlive
 
 __all__ = [
     "COUNTERS",
+    "WORKLOAD_HISTOGRAMS",
     "CounterRates",
     "EngineMetrics",
+    "Histogram",
     "MetricsClient",
     "MetricsSnapshot",
     "ScrapeError",
+    "histograms",
     "parse",
 ]
 
@@ -459,3 +463,87 @@ class MetricsClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+#: The request histograms right-sizing reads (vLLM 0.32 ``v1/metrics/loggers.py``).
+WORKLOAD_HISTOGRAMS = (
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:request_params_max_tokens",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_num_preemptions",
+)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """One histogram family of a page, summed over its engines: cumulative counts by upper
+    bound (``+Inf`` last), the count and the sum."""
+
+    name: str
+    buckets: tuple[tuple[float, float], ...]
+    count: float
+    total: float
+
+    def quantile(self, q: float) -> float | None:
+        """The upper bound of the bucket holding the ``q`` quantile (None: no observations;
+        ``inf``: it lies past the last finite bound). An upper bound, never an interpolation:
+        sizing to it never sizes too small."""
+        if self.count <= 0:
+            return None
+        wanted = q * self.count
+        for bound, cumulative in self.buckets:
+            if cumulative >= wanted:
+                return bound
+        return math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "sum": self.total,
+            "p50": self.quantile(0.5),
+            "p95": self.quantile(0.95),
+            "p99": self.quantile(0.99),
+        }
+
+
+def histograms(text: str, names: Iterable[str] = WORKLOAD_HISTOGRAMS) -> dict[str, Histogram]:
+    """The named histogram families of a ``/metrics`` page, summed over engines and other
+    labels. Never raises: a malformed line, a bound that is not a number, a count that is
+    negative or not finite is skipped; a family whose buckets do not rise is dropped."""
+    wanted = set(names)
+    prefixes = tuple(sorted(wanted))
+    buckets: dict[str, dict[float, float]] = {}
+    counts: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(prefixes):
+            continue
+        try:
+            name, labels, value = _parse_line(line)
+        except (ValueError, IndexError):
+            continue
+        if not math.isfinite(value) or value < 0 or value > _MAX_COUNT:
+            continue
+        for family in wanted:
+            if name == family + "_bucket":
+                try:
+                    bound = float(labels.get("le", ""))
+                except ValueError:
+                    break
+                if math.isnan(bound):
+                    break
+                family_buckets = buckets.setdefault(family, {})
+                family_buckets[bound] = family_buckets.get(bound, 0.0) + value
+            elif name == family + "_count":
+                counts[family] = counts.get(family, 0.0) + value
+            elif name == family + "_sum":
+                sums[family] = sums.get(family, 0.0) + value
+    found = {}
+    for family, by_bound in buckets.items():
+        ordered = tuple(sorted(by_bound.items()))
+        if any(later < earlier for (_, earlier), (_, later) in itertools.pairwise(ordered)):
+            continue  # not cumulative: not a histogram to trust
+        count = counts.get(family, ordered[-1][1] if ordered else 0.0)
+        found[family] = Histogram(family, ordered, count, sums.get(family, 0.0))
+    return found
