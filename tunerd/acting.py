@@ -35,6 +35,7 @@ from tunerd.gpu import GpuSample
 from tunerd.notify.alert import Alert
 from tunerd.outcomes import CrashResponse, Mode, SagaResult
 from tunerd.planner.calibration import Observation
+from tunerd.planner.rightsize import Workload
 from tunerd.policy.engine import ActionPlan, PolicyState
 from tunerd.signals import EngineMemory, share_a_gpu
 from tunerd.sources.engine_log import FileFollower
@@ -81,6 +82,8 @@ class EngineLoop:
     prediction_error: float | None = None
     #: a start refused for want of free memory: the (free, total) bytes vLLM saw
     free_at_start: tuple[int, int] | None = None
+    #: what the engine served, from its request histograms at the last scrape (right-sizing)
+    workload: Workload | None = None
 
     @property
     def name(self) -> str:

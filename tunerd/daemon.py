@@ -52,6 +52,7 @@ from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
 from tunerd.outcomes import Mode, Progress
 from tunerd.planner.calibration import Observation, calibrate, fits, predict
+from tunerd.planner.rightsize import Workload, advice_to_dict, advise
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
@@ -70,7 +71,7 @@ from tunerd.sources.engine_log import FileFollower, passed_through
 from tunerd.sources.gpu import GpuSource
 from tunerd.sources.select import gpu_source
 from tunerd.sources.sim_clock import SimulatorClock
-from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, parse
+from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot, ScrapeError, histograms, parse
 from tunerd.state import HostLock, State, StateError, StateTrouble
 from tunerd.status import engine_state, engine_status, status_document
 from tunerd.status_server import StatusServer
@@ -553,6 +554,7 @@ class Daemon:
                     if supervisor.trouble is None
                     else supervisor.trouble.to_dict(now, self.clock.monotonic()),
                     calibration=self._calibration(loop),
+                    recommendation=self._recommendation(loop),
                 )
             )
         monotonic = self.clock.monotonic()
@@ -567,6 +569,26 @@ class Daemon:
             state_trouble=troubles,
             gpu_source=self.sampler.health().to_dict(),
         )
+
+    def _recommendation(self, loop: EngineLoop) -> dict[str, Any] | None:
+        """``tunerd status --json``'s ``recommendation``: right-sizing from the requests the
+        engine served and the measured box (``tunerd advise``'s, DESIGN §9.2)."""
+        if loop.workload is None:
+            return None
+        settings = loop.supervisor.running_settings() or dict(loop.config.settings)
+        snapshot = loop.snapshot
+        fit = self.config.fit
+        advice = advise(
+            settings,
+            loop.workload,
+            pool_tokens=snapshot.kv_cache_size_tokens if snapshot is not None else None,
+            observation=loop.observation,
+            bounds=loop.config.bounds,
+            creep=fit.creep,
+            margin=fit.margin,
+            block_size=(snapshot.block_size if snapshot is not None else None) or 16,
+        )
+        return {"requests": loop.workload.requests, **advice_to_dict(advice)}
 
     def _calibration(self, loop: EngineLoop) -> dict[str, Any] | None:
         """``tunerd status``'s calibration block: the observed start's bills, the headroom they
@@ -887,7 +909,9 @@ class Daemon:
         up = 0.0
         if process is not None and process.alive():
             try:
-                snapshot = parse(loop.metrics.fetch())
+                page = loop.metrics.fetch()
+                snapshot = parse(page)
+                loop.workload = Workload.from_histograms(histograms(page))
             except ScrapeError:
                 snapshot = None
                 self.scrape_errors[name] = self.scrape_errors.get(name, 0) + 1

@@ -100,13 +100,16 @@ def engine_status(
     restart: Progress | None,
     stuck: Mapping[str, Any] | None = None,
     calibration: Mapping[str, Any] | None = None,
+    recommendation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One engine of ``tunerd status --json`` (DESIGN §4.8), and more: ``paused`` (why), ``pinned``
     and ``restart`` — the saga in flight, its step, what it waits for and its deadline — and
     ``stuck``: the saga's step whose write the state refused (a full disk), tried again at
     ``next_try`` (None while the state takes them); ``calibration``: the box as measured (the
     bills of the observed start, the headroom they left, the last prediction's error, the
-    ``fit`` targets), None until an engine has been seen serving."""
+    ``fit`` targets), None until an engine has been seen serving; ``recommendation``:
+    right-sizing from the requests served (``tunerd advise``'s per-knob target, lower, upper,
+    reason and predicted pool, and ``requests``), None before the first scrape."""
     return {
         "name": name,
         "state": state,
@@ -128,6 +131,7 @@ def engine_status(
         ),
         "metrics": None if metrics is None else dict(metrics),
         "calibration": None if calibration is None else dict(calibration),
+        "recommendation": None if recommendation is None else dict(recommendation),
         "policies": [
             {
                 "name": policy.name,

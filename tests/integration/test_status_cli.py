@@ -34,7 +34,8 @@ def _status(socket: Path, deadline: float) -> dict[str, Any]:
             status = json.loads(done.stdout)
             engine = status["engines"][0]
             # the GPU sampler starts before the engine: its first readings find no simulator
-            if engine["healthy"] and engine["metrics"] and engine["bills"]["weights"] and status["gpus"]:
+            seen = engine["healthy"] and engine["metrics"] and engine["bills"]["weights"] and status["gpus"]
+            if seen and engine.get("calibration") and engine.get("recommendation"):
                 return status
         if time.monotonic() > deadline:
             raise AssertionError(f"no live status: {done.stdout}{done.stderr}")
@@ -83,6 +84,20 @@ def test_status_json_has_every_contract_field_and_the_human_view_fits(tmp_path: 
         assert "kv-pool-saturated" in names
         assert all(set(p) == {"name", "state", "since", "health", "last_error"} for p in engine["policies"])
         assert engine["guards"] == {"restarts_in_window": 1, "budget_left": 2, "held": False}
+        # issue 18: the box as measured from this start, and the right-sizing block
+        calibration = engine["calibration"]
+        assert calibration is not None
+        assert calibration["bills"]["weights_bytes"] == pytest.approx(bills["weights"], abs=8 << 20)
+        assert calibration["bills"]["headroom_bytes"] is not None
+        assert calibration["fits"]["gpu_memory_utilization"]["value"] is not None
+        recommendation = engine["recommendation"]
+        assert set(recommendation) == {
+            "requests", "gpu_memory_utilization", "max_num_batched_tokens", "max_model_len", "max_num_seqs",
+            "kv_cache_dtype",
+        }  # fmt: skip
+        assert set(recommendation["max_num_seqs"]) == {
+            "current", "target", "lower", "upper", "reason", "predicted_kv_cache_tokens"
+        }  # fmt: skip
 
         human = _tunerd("status", "--socket", str(socket), env={"NO_COLOR": "1"})
         assert human.returncode == 0, human.stderr
@@ -106,6 +121,7 @@ def test_status_json_has_every_contract_field_and_the_human_view_fits(tmp_path: 
         assert samples[("tunerd_kv_cache_usage", (("engine", "main"),))] == 0.0
         assert samples[("tunerd_engine_up", (("engine", "main"),))] == 1.0
         assert samples[("tunerd_restart_budget_left", (("engine", "main"),))] == 2.0
+        assert samples[("tunerd_calibrated_headroom_bytes", (("engine", "main"),))] > 0
         first_start = (("engine", "main"), ("kind", "restart"), ("outcome", "succeeded"), ("policy", ""))
         assert samples[("tunerd_actions_total", first_start)] == 1.0
         saturated = (("engine", "main"), ("policy", "kv-pool-saturated"), ("state", "inactive"))
