@@ -84,6 +84,8 @@ class EngineLoop:
     free_at_start: tuple[int, int] | None = None
     #: what the engine served, from its request histograms at the last scrape (right-sizing)
     workload: Workload | None = None
+    #: the right-sizing targets last posted in advise mode (knob → target)
+    posted_recommendation: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:

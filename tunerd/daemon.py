@@ -52,7 +52,7 @@ from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
 from tunerd.outcomes import Mode, Progress
 from tunerd.planner.calibration import Observation, calibrate, fits, predict
-from tunerd.planner.rightsize import Workload, advice_to_dict, advise
+from tunerd.planner.rightsize import Workload, advice_to_dict, advise, materially_different, seqs_fit
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
@@ -1039,10 +1039,49 @@ class Daemon:
             margin=fit.margin,
             free_at_start=loop.free_at_start,
         )
+        snapshot = loop.snapshot
+        found["max_num_seqs"] = seqs_fit(
+            settings,
+            loop.workload,
+            pool_tokens=snapshot.kv_cache_size_tokens if snapshot is not None else None,
+            block_size=(snapshot.block_size if snapshot is not None else None) or 16,
+        )
         return {
             knob: (item.value, item.reason, item.prediction.to_dict() if item.prediction else None)
             for knob, item in found.items()
         }
+
+    def _post_recommendation(self, loop: EngineLoop, now: float) -> None:
+        """In advise mode, the right-sizing recommendation to chat when it changes materially
+        (a knob's target moved from what was last posted and differs from its value)."""
+        if self.mode != Mode.ADVISE:
+            return
+        recommendation = self._recommendation(loop)
+        if recommendation is None:
+            return
+        targets = {knob: item for knob, item in recommendation.items() if isinstance(item, dict)}
+        moved = materially_different(loop.posted_recommendation, targets)
+        if not moved:
+            return
+        loop.posted_recommendation = {knob: item["target"] for knob, item in targets.items()}
+        lines = [
+            f"{knob} {targets[knob]['current']} → {targets[knob]['target']} "
+            f"(range {targets[knob]['lower']}–{targets[knob]['upper']}): {targets[knob]['reason']}"
+            for knob in moved
+        ]
+        self._send_alert(
+            engine_alert(
+                loop.name,
+                "right-sizing",
+                severity="info",
+                title=f"right-sizing for {loop.name}",
+                summary="; ".join(lines) + f" (tunerd advise {loop.name} for the whole table)",
+                host=self.host,
+                now=now,
+                mode=self.mode,
+                undo=None,
+            )
+        )
 
     def _predict(self, loop: EngineLoop, settings: Mapping[str, Any]) -> dict[str, Any] | None:
         """What ``settings`` would give on the calibrated box (None: nothing calibrated)."""
@@ -1149,6 +1188,7 @@ class Daemon:
             return
         if acted.did is Did.RECOVERING:
             self._advance(loop)  # a crash restart spawns in this very tick
+        self._post_recommendation(loop, now)
         if plan is not None and ((fresh and plan.notify) or acted.pages):
             self.actor.alert_plan(loop, plan, acted)  # a change that did not take pages a person
 

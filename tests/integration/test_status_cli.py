@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -138,3 +140,46 @@ def test_status_without_a_daemon_says_where_it_looked(tmp_path: Path) -> None:
     done = _tunerd("status", "--socket", str(tmp_path / "none.sock"))
     assert done.returncode == 2
     assert f"no status socket at {tmp_path / 'none.sock'}: is tunerd running?" in done.stderr
+
+
+def test_advise_mode_posts_the_right_sizing_when_it_changes(tmp_path: Path) -> None:
+    """Issue 18: after the engine has served 24 requests of about 3K tokens, advise mode posts
+    the recommendation (an info alert in history) — once, not at every tick."""
+    socket = tmp_path / "run" / "tunerd.sock"
+    config, url = sim_config(
+        tmp_path, listen={"status": str(socket), "metrics": "127.0.0.1:0"}, metrics={"interval": "500ms"}
+    )
+    run = TunerdRun(config)
+    try:
+        _status(socket, time.monotonic() + 60)
+        load = subprocess.run(
+            [sys.executable, "-m", "tunerd", "sim", "load", "--url", url, "--concurrency", "4",
+             "--prompt-tokens", "3000", "--max-tokens", "64", "--requests", "24"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert load.returncode == 0, load.stdout + load.stderr
+        deadline = time.monotonic() + 30
+        posted: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not posted:
+            history = json.loads(_tunerd("history", "--json", "--state-dir", str(tmp_path / "state")).stdout)
+            posted = [
+                a for a in history["actions"] if a["kind"] == "notify" and a["policy"] == "right-sizing"
+            ]
+            time.sleep(0.5)
+        assert posted, history
+        assert "right-sizing for main" in posted[0]["reason"]
+        assert "max_model_len 32768 → 5120" in posted[0]["reason"]  # 5,000 + 100 (the buckets), to 1,024
+        time.sleep(2)  # the last requests' histograms are in; from here nothing moves
+
+        def count() -> int:
+            history = json.loads(_tunerd("history", "--json", "--state-dir", str(tmp_path / "state")).stdout)
+            return len([a for a in history["actions"] if a["policy"] == "right-sizing"])
+
+        settled = count()
+        time.sleep(3)  # a few more ticks with nothing served: nothing posted again
+        assert count() == settled
+        status = json.loads(_tunerd("status", "--json", "--socket", str(socket)).stdout)
+        assert status["engines"][0]["recommendation"]["requests"] >= 24
+    finally:
+        run.stop()
+        kill_recorded_engine(tmp_path / "state")

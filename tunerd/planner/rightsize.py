@@ -34,13 +34,23 @@ from tunerd.planner.bills import BLOCK_SIZE
 from tunerd.planner.calibration import (
     DEFAULT_CREEP,
     DEFAULT_MARGIN_BYTES,
+    Fit,
     Observation,
     calibrate,
     fits,
     predict,
 )
 
-__all__ = ["MIN_REQUESTS", "Advice", "Workload", "advice_to_dict", "advise", "render_advice"]
+__all__ = [
+    "MIN_REQUESTS",
+    "Advice",
+    "Workload",
+    "advice_to_dict",
+    "advise",
+    "materially_different",
+    "render_advice",
+    "seqs_fit",
+]
 
 #: Requests seen before the request-length knobs are recommended.
 MIN_REQUESTS = 20
@@ -279,6 +289,53 @@ def advise(
             )
         )
     return advice
+
+
+def seqs_fit(
+    settings: Mapping[str, Any],
+    workload: Workload | None,
+    *,
+    pool_tokens: int | None,
+    block_size: int = BLOCK_SIZE,
+    min_requests: int = MIN_REQUESTS,
+) -> Fit:
+    """``max_num_seqs: fit``: the requests of the served lengths the pool holds (the
+    right-sizing target), or no fit with the reason."""
+    if workload is None:
+        return Fit("max_num_seqs", None, "no request histograms read yet")
+    advice = advise(
+        settings, workload, pool_tokens=pool_tokens, block_size=block_size, min_requests=min_requests
+    )
+    item = next(entry for entry in advice if entry.knob == "max_num_seqs")
+    if item.reason.startswith("kept: "):
+        return Fit("max_num_seqs", None, item.reason.removeprefix("kept: "))
+    return Fit("max_num_seqs", item.target, item.reason)
+
+
+#: How far a recommendation must move before advise mode posts it again.
+MATERIAL = {"gpu_memory_utilization": 0.02, "ratio": 0.25}
+
+
+def materially_different(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[str]:
+    """The knobs whose recommended target moved materially from ``before`` (None: never posted)
+    and differ from their current value: utilization by 0.02, a count by a quarter, a dtype at
+    all."""
+    moved = []
+    for knob, item in after.items():
+        if not isinstance(item, Mapping) or item.get("target") == item.get("current"):
+            continue
+        target, last = item.get("target"), (before or {}).get(knob)
+        if last is None:
+            moved.append(knob)
+        elif isinstance(target, float) and isinstance(last, int | float):
+            if abs(target - last) >= MATERIAL["gpu_memory_utilization"]:
+                moved.append(knob)
+        elif isinstance(target, int) and isinstance(last, int):
+            if abs(target - last) >= max(1.0, MATERIAL["ratio"] * max(abs(last), 1)):
+                moved.append(knob)
+        elif target != last:
+            moved.append(knob)
+    return moved
 
 
 def render_advice(engine: str, advice: Sequence[Advice], workload: Workload) -> str:

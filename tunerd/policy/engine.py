@@ -375,7 +375,7 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
     for policy, _ in fired:
         policy_tunes: list[TuneResult] = []
         wants_restart: RestartSpec | None = None
-        # A crash or memory policy asks for safer settings: its fits only ever lower a knob.
+        # A crash or memory policy asks for safer settings: its fits only lower.
         up = _category(policy.when) not in {"crash", "memory"}
         if policy in proposals:
             for action in policy.then:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.planner.test_calibration import BOXES, START, _observe
-from tunerd.planner.rightsize import Workload, advice_to_dict, advise
+from tunerd.planner.rightsize import Workload, advice_to_dict, advise, materially_different, seqs_fit
 from tunerd.sources.vllm_metrics import histograms, parse
 
 PAGE = (Path(__file__).parents[2] / "data" / "vllm" / "metrics-0.32-load-2.txt").read_text()
@@ -88,3 +88,29 @@ def test_a_hostile_page_never_raises(lines: list[str], junk: str) -> None:
     found = histograms("\n".join([*lines, junk]))
     workload = Workload.from_histograms(found)
     advise({"max_model_len": 4096}, workload, pool_tokens=8192, min_requests=1)
+
+
+def test_max_num_seqs_fit_is_the_right_sizing_target() -> None:
+    snapshot = parse(PAGE)
+    workload = Workload.from_histograms(histograms(PAGE))
+    fit = seqs_fit({"max_model_len": 2048}, workload, pool_tokens=4096, block_size=128, min_requests=5)
+    assert fit.value == 1
+    assert "preempted" in fit.reason
+    assert seqs_fit({}, workload, pool_tokens=snapshot.kv_cache_size_tokens).value is None  # 5 < 20 requests
+    assert seqs_fit({}, None, pool_tokens=4096).reason == "no request histograms read yet"
+
+
+def test_what_is_posted_again_is_what_moved_materially() -> None:
+    def item(current: object, target: object) -> dict[str, object]:
+        return {"current": current, "target": target}
+
+    now = {
+        "gpu_memory_utilization": item(0.92, 0.948),
+        "max_num_seqs": item(256, 12),
+        "max_model_len": item(32768, 32768),  # already right: never posted
+        "kv_cache_dtype": item("auto", "fp8"),
+    }
+    assert materially_different(None, now) == ["gpu_memory_utilization", "max_num_seqs", "kv_cache_dtype"]
+    last = {"gpu_memory_utilization": 0.94, "max_num_seqs": 11, "kv_cache_dtype": "fp8"}
+    assert materially_different(last, now) == []  # 0.008 and one sequence: not material
+    assert materially_different({**last, "max_num_seqs": 20}, now) == ["max_num_seqs"]
