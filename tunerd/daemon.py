@@ -603,6 +603,7 @@ class Daemon:
             "pid": observation.pid,
             "observed_at": observation.time,
             "bills": None if calibration is None else calibration.to_dict(),
+            "neighbours": {pid: dict(item) for pid, item in observation.neighbours.items()},
             "prediction_error_ratio": loop.prediction_error,
             "fits": {
                 knob: {"value": value, "reason": reason, "prediction": prediction}
@@ -974,7 +975,16 @@ class Daemon:
             observation = self._compare_prediction(loop, observation)
             observation = replace(observation, outside_floor_bytes=self._outside_floor(loop))
             loop.free_at_start = None  # it started: what a refused start saw is over
-        observation = observation.seen(memory.engine_memory_bytes, memory.other_processes_memory_bytes, now)
+        sample = next((g for g in gpus if g.index == memory.gpu_index), None)
+        listed = (sample.processes or ()) if sample is not None else ()
+        neighbours = {
+            p.pid: (p.name or "?", p.used_bytes)
+            for p in listed
+            if p.pid not in loop.engine_pids and p.used_bytes is not None
+        }
+        observation = observation.seen(
+            memory.engine_memory_bytes, memory.other_processes_memory_bytes, now, neighbours
+        )
         loop.observation = observation
         self._save_observation(loop, now)
 

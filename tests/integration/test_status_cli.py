@@ -92,6 +92,7 @@ def test_status_json_has_every_contract_field_and_the_human_view_fits(tmp_path: 
         assert calibration["bills"]["weights_bytes"] == pytest.approx(bills["weights"], abs=8 << 20)
         assert calibration["bills"]["headroom_bytes"] is not None
         assert calibration["fits"]["gpu_memory_utilization"]["value"] is not None
+        assert [item["name"] for item in calibration["neighbours"].values()] == ["Xorg"]  # per PID
         recommendation = engine["recommendation"]
         assert set(recommendation) == {
             "requests", "gpu_memory_utilization", "max_num_batched_tokens", "max_model_len", "max_num_seqs",

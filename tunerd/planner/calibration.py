@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tunerd.planner.bills import (
@@ -71,6 +71,8 @@ __all__ = [
 DEFAULT_MARGIN_BYTES = 256 * MIB
 #: The share of the activation peak kept free for the allocator's further creep.
 DEFAULT_CREEP = 0.3
+#: Neighbours an observation keeps by PID (the largest).
+MAX_NEIGHBOURS = 16
 #: The knobs a ``tune`` may set to ``fit``.
 FIT_TUNABLES = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs")
 #: vLLM's defaults when the settings do not say (0.33, a 24 GiB card).
@@ -98,6 +100,8 @@ class Observation:
     start_bytes: int | None = None  # the least the engine held while it answered (its start)
     peak_bytes: int | None = None  # the most it held
     others_peak_bytes: int | None = None  # the most the other processes on its GPU held
+    #: each neighbour at its most: PID (as text) → {"name", "peak_bytes"}, the largest kept
+    neighbours: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     oom_need_bytes: int | None = None  # at a CUDA OOM: what it held plus what it tried to take
     predicted_kv_tokens: int | None = None  # what tunerd predicted before starting it
     #: the least outside-the-budget memory an earlier start of the engine showed: a start
@@ -132,9 +136,25 @@ class Observation:
             cuda_graph_bytes=_gib_bytes(cuda_graph_gib) or 0,
         )
 
-    def seen(self, engine_bytes: int | None, others_bytes: int | None, now: float) -> Observation:
-        """With one more GPU reading of the engine and its neighbours."""
+    def seen(
+        self,
+        engine_bytes: int | None,
+        others_bytes: int | None,
+        now: float,
+        neighbours: Mapping[int, tuple[str, int]] | None = None,
+    ) -> Observation:
+        """With one more GPU reading of the engine and its neighbours (``neighbours``: PID →
+        (name, bytes) of each other process listed)."""
         changed: dict[str, Any] = {}
+        if neighbours:
+            merged = {pid: dict(item) for pid, item in self.neighbours.items()}
+            for pid, (name, used) in neighbours.items():
+                known = merged.get(str(pid))
+                if known is None or used > int(known.get("peak_bytes", 0)):
+                    merged[str(pid)] = {"name": name[:64], "peak_bytes": used}
+            largest = sorted(merged.items(), key=lambda item: -int(item[1]["peak_bytes"]))[:MAX_NEIGHBOURS]
+            if dict(largest) != self.neighbours:
+                changed["neighbours"] = dict(largest)
         if engine_bytes is not None:
             if self.start_bytes is None or engine_bytes < self.start_bytes:
                 changed["start_bytes"] = engine_bytes
@@ -159,6 +179,8 @@ class Observation:
         """Worth writing down again: new, or a peak or need moved by ``by`` or more."""
         if other is None or (other.version, other.pid) != (self.version, self.pid):
             return True
+        if set(self.neighbours) != set(other.neighbours):
+            return True
         for name in ("peak_bytes", "others_peak_bytes", "oom_need_bytes", "start_bytes"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if (mine is None) != (theirs is None) or (mine is not None and abs(mine - theirs) >= by):
@@ -168,6 +190,7 @@ class Observation:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["settings"] = dict(self.settings)
+        data["neighbours"] = {pid: dict(item) for pid, item in self.neighbours.items()}
         return data
 
     @classmethod
@@ -196,6 +219,12 @@ class Observation:
             value = getattr(observation, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 return None
+        neighbours = observation.neighbours
+        if not isinstance(neighbours, Mapping) or not all(
+            isinstance(item, Mapping) and isinstance(item.get("peak_bytes"), int)
+            for item in neighbours.values()
+        ):
+            return None
         return observation if isinstance(data.get("settings"), Mapping) else None
 
 

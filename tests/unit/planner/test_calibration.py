@@ -227,3 +227,17 @@ def test_a_start_that_met_traffic_at_once_keeps_the_boxs_context_from_before() -
         ].value
         == fits(bare, START, BOUNDS)["gpu_memory_utilization"].value
     )
+
+
+def test_neighbours_are_kept_per_pid_at_their_most() -> None:
+    observation = _observe(BOXES[5], loaded=False)
+    seen = observation.seen(None, None, 1.0, {7: ("Xorg", 300 * MIB), 8: ("notebook", 2 * GIB)})
+    seen = seen.seen(None, None, 2.0, {7: ("Xorg", 200 * MIB), 8: ("notebook", 3 * GIB)})
+    assert seen.neighbours == {
+        "8": {"name": "notebook", "peak_bytes": 3 * GIB},
+        "7": {"name": "Xorg", "peak_bytes": 300 * MIB},
+    }
+    crowd = seen.seen(None, None, 3.0, {pid: (f"p{pid}", pid * MIB) for pid in range(100, 140)})
+    assert len(crowd.neighbours) == 16
+    assert "8" in crowd.neighbours  # the largest stay
+    assert Observation.from_dict(crowd.to_dict()) == crowd
