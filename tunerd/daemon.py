@@ -52,7 +52,14 @@ from tunerd.notify.dispatch import Dispatcher
 from tunerd.notify.sink import Rate
 from tunerd.outcomes import Mode, Progress
 from tunerd.planner.calibration import Observation, calibrate, fits, predict
-from tunerd.planner.rightsize import Workload, advice_to_dict, advise, materially_different, seqs_fit
+from tunerd.planner.rightsize import (
+    MIN_REQUESTS,
+    Workload,
+    advice_to_dict,
+    advise,
+    materially_different,
+    seqs_fit,
+)
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
 from tunerd.sampler import Sampler
@@ -1064,8 +1071,8 @@ class Daemon:
     def _post_recommendation(self, loop: EngineLoop, now: float) -> None:
         """In advise mode, the right-sizing recommendation to chat when it changes materially
         (a knob's target moved from what was last posted and differs from its value)."""
-        if self.mode != Mode.ADVISE:
-            return
+        if self.mode != Mode.ADVISE or loop.workload is None or loop.workload.requests < MIN_REQUESTS:
+            return  # before the engine has served enough, the peak and the lengths are not known
         recommendation = self._recommendation(loop)
         if recommendation is None:
             return
