@@ -279,13 +279,15 @@ def apply_tune(
         if value is None or isinstance(current, bool) or not isinstance(current, int | float):
             return TuneResult(knob, current, current, f"{knob}: no fit ({why})")
         direction = -1 if value < current else 1
+        if value == current:
+            return TuneResult(knob, current, current, f"{knob} {current} is its fit: {why}", settled=True)
         if direction > 0 and not fit_up:
             return TuneResult(
                 knob, current, current, f"{knob} {current} is within its fit ({value}): {why}", settled=True
             )
         if knob == "gpu_memory_utilization":
             gap = abs(value - current)
-            if gap < FIT_HYSTERESIS["down" if direction < 0 else "up"] or value == current:
+            if gap < FIT_HYSTERESIS["down" if direction < 0 else "up"]:
                 return TuneResult(
                     knob,
                     current,

@@ -210,3 +210,10 @@ class TestFit:
             == 2048
         )
         assert not apply_tune("max_model_len", "fit", 8192, [512, 8192]).changed
+
+    def test_a_fit_already_reached_is_settled_whichever_way_it_may_move(self) -> None:
+        for up in (True, False):
+            result = apply_tune(
+                "max_num_batched_tokens", "fit", 4096, [512, 8192], fit=(4096, "room", None), fit_up=up
+            )
+            assert (result.changed, result.settled) == (False, True)
