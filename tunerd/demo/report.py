@@ -114,28 +114,17 @@ def checks(
         Check("OOMs after converging", str(story.ooms_after(settled)), "0", story.ooms_after(settled) == 0),
     ]
     if true_safe_kv_tokens is not None:
-        safe = true_safe_kv_tokens or 0
-        share = (kv_tokens or 0) / safe if safe else 0.0
-        return [
-            *result,
-            Check(
-                "final KV pool / the box's true safe maximum",
-                f"{kv_tokens or 0:,} / {safe:,} = {share:.0%}",
-                f"≥ {MIN_TRUE_KV_SHARE:.0%}",
-                share >= MIN_TRUE_KV_SHARE,
-            ),
-        ]
-    safe = safe_kv_tokens(story.scenario, final)
+        label, safe, bar = "the box's true safe maximum", true_safe_kv_tokens, MIN_TRUE_KV_SHARE
+    else:
+        label, safe, bar = "planner's safe maximum", safe_kv_tokens(story.scenario, final), MIN_KV_SHARE
     share = (kv_tokens or 0) / safe if safe else 0.0
-    return [
-        *result,
-        Check(
-            "final KV pool / planner's safe maximum",
-            f"{kv_tokens or 0:,} / {safe:,} = {share:.0%}",
-            f"≥ {MIN_KV_SHARE:.0%}",
-            share >= MIN_KV_SHARE,
-        ),
-    ]
+    pool = Check(
+        f"final KV pool / {label}",
+        f"{kv_tokens or 0:,} / {safe:,} = {share:.0%}",
+        f"≥ {bar:.0%}",
+        share >= bar,
+    )
+    return [*result, pool]
 
 
 def box_text(box: Mapping[str, Any] | None) -> str:
