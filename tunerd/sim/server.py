@@ -707,6 +707,9 @@ class SimServer:
             return 400, {"detail": f"bad query: {error}"}
         if min(load.concurrency, load.prompt_tokens, load.max_tokens) < 1:
             return 400, {"detail": "no load seen yet: give concurrency, prompt_tokens and max_tokens"}
+        numbers = [load.prompt_tokens, load.max_tokens, *changed_ints(changed)]
+        if load.concurrency > 4096 or max(numbers) > 2**31 - 1 or min(numbers) < 1:
+            return 400, {"detail": "bad query: 1 to 4,096 requests, settings and tokens 1 to 2**31 - 1"}
         wanted = replace(settings, max_model_len=max_model_len, **changed)
         found = safe_max(lambda s: self._truth_engine(s, now, engine_bytes), wanted, load)  # type: ignore[misc]
         return 200, {
@@ -724,6 +727,11 @@ class SimServer:
         gpu.pop("status")
         gpu.pop("error")
         return {"gpus": [gpu], "time": now}
+
+
+def changed_ints(changed: Mapping[str, Any]) -> list[int]:
+    """The whole-number settings a ``/sim/truth`` query replaced (checked against their caps)."""
+    return [value for value in changed.values() if isinstance(value, int)]
 
 
 def _prompt_tokens(body: dict[str, Any]) -> int:
