@@ -86,6 +86,10 @@ class EngineLoop:
     workload: Workload | None = None
     #: the right-sizing targets last posted in advise mode (knob → target)
     posted_recommendation: dict[str, Any] | None = None
+    #: the engine's gate as it answered at the last tick (None: no gate; ``error``: no answer)
+    gate: dict[str, Any] | None = None
+    #: a restart holds new requests at the gate: the hold is lifted once the engine serves again
+    gate_held: bool = False
 
     @property
     def name(self) -> str:

@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tunerd.engine.args import command_problems
 from tunerd.notify.sink import Target
@@ -70,6 +78,40 @@ def _gpu(value: Any) -> Any:
 Gpu = Annotated[int | str, BeforeValidator(_gpu)]
 
 
+class GateQueueConfig(_Strict):
+    max_requests: int = Field(default=256, ge=0)
+    max_tokens: int = Field(default=2_000_000, ge=0)  # KV need of the requests waiting
+    max_wait: PositiveDuration = 120.0
+
+
+class GateHoldConfig(_Strict):
+    max: PositiveDuration = 600.0  # the longest a restart may hold new requests
+
+
+class GateConfig(_Strict):
+    """``engines[].gate``: the KV-aware admission proxy in front of this engine (DESIGN §9.1,
+    docs/gate.md). ``tunerd gate`` serves it; tunerd tells it to hold across restarts."""
+
+    listen: str  # HOST:PORT the clients talk to
+    target_fraction: float = Field(default=0.90, gt=0, le=1)
+    long_threshold: int = Field(default=16384, ge=1)
+    long_lane: int = Field(default=1, ge=1)
+    max_concurrency: int = Field(default=0, ge=0)
+    queue: GateQueueConfig = Field(default_factory=GateQueueConfig)
+    hold: GateHoldConfig = Field(default_factory=GateHoldConfig)
+    control: str | None = None  # the control socket; default /run/tunerd/gate.sock
+    max_body: Size = 64 << 20  # a request body larger than this is refused (413)
+    priority_header: str = Field(default="X-Tunerd-Priority", min_length=1)
+
+    @field_validator("listen")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        why = address_problem(value)
+        if why is not None:
+            raise ValueError(why)
+        return value
+
+
 class EngineConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     control: Literal["supervise", "systemd"] = "supervise"
@@ -89,6 +131,7 @@ class EngineConfig(_Strict):
     hook_timeout: PositiveDuration = 60.0  # each pre_stop / post_start run
     gpu_wait: Duration = 120.0  # after a stop, for the memory the new settings need
     log_passthrough: Literal["warnings", "all", "none"] = "warnings"  # engine lines into tunerd's log
+    gate: GateConfig | None = None
 
 
 class GpuConfig(_Strict):
@@ -188,6 +231,21 @@ class Config(_Strict):
         if RUN_DIR.is_dir():
             return RUN_DIR / "tunerd.sock"
         return Path(self.state_dir) / "tunerd.sock"
+
+    def gate_control(self) -> Path:
+        """Where the gate's control socket is: the first ``gate.control`` given; else
+        ``/run/tunerd/gate.sock`` when that folder exists; else ``STATE_DIR/gate.sock``. One
+        ``tunerd gate`` serves every engine's gate and answers on this one socket."""
+        for engine in self.engines:
+            if engine.gate is not None and engine.gate.control:
+                return Path(engine.gate.control)
+        if RUN_DIR.is_dir():
+            return RUN_DIR / "gate.sock"
+        return Path(self.state_dir) / "gate.sock"
+
+    def gated(self) -> list[EngineConfig]:
+        """The engines that have a gate."""
+        return [engine for engine in self.engines if engine.gate is not None]
 
     def policy_files(self) -> list[Path]:
         """The policy globs, relative to the config file's folder, sorted and de-duplicated."""
@@ -439,7 +497,24 @@ def _engine_problems(raw: dict[str, Any], path: tuple[str | int, ...]) -> list[P
             problems.append(Problem((*path, "env"), "systemd control: set the environment in the unit"))
     elif not raw.get("command"):
         problems.append(Problem((*path, "command"), "the engine's argv list, e.g. [vllm, serve, MODEL]"))
+    gate = raw.get("gate")
+    listen = gate.get("listen") if isinstance(gate, dict) else None
+    if isinstance(listen, str) and isinstance(url, str) and _same_address(listen, url):
+        problems.append(
+            Problem((*path, "gate", "listen"), "the gate cannot listen where the engine does (engines[].url)")
+        )
     return problems
+
+
+def _same_address(listen: str, url: str) -> bool:
+    """Whether HOST:PORT ``listen`` is the host and port of ``url``."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return False
+    host, _, listen_port = listen.rpartition(":")
+    return listen_port == str(port) and host.strip("[]") == (parts.hostname or "")
 
 
 def load_config(path: str | Path, text: str | None = None) -> Config:
@@ -480,6 +555,19 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
                             )
                         )
                     seen.setdefault(name, index)
+        listens: dict[str, int] = {}
+        for index, raw in enumerate(engines):
+            gate = raw.get("gate") if isinstance(raw, dict) else None
+            listen = gate.get("listen") if isinstance(gate, dict) else None
+            if isinstance(listen, str):
+                if listen in listens:
+                    problems.append(
+                        Problem(
+                            ("engines", index, "gate", "listen"),
+                            f"another gate listens there (engines[{listens[listen]}])",
+                        )
+                    )
+                listens.setdefault(listen, index)
     for block in ("gpu", "clock"):  # both read the simulator when their source is sim
         raw = data.get(block)
         if isinstance(raw, dict):

@@ -46,6 +46,7 @@ from tunerd.engine.process import copytruncate, process_tree
 from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
+from tunerd.gate.client import GateClient
 from tunerd.gpu import GpuReading, GpuSample
 from tunerd.notify.alert import Alert, Severity
 from tunerd.notify.dispatch import Dispatcher
@@ -92,6 +93,7 @@ DEFAULT_METRICS = "127.0.0.1:9464"
 RESTART_FIELDS = ("engines", "state_dir", "gpu", "listen", "clock")
 HOUSEKEEPING_S = 60.0  # engine logs rotated by size, the state's write-ahead log folded in
 SAGA_S = 0.25  # how often restarts in flight are advanced
+GATE_HOLD_MARGIN_S = 60.0  # a restart holds the gate for the drain, the start-up and this
 ROOM_READING_AGE_S = 1.0  # a GPU reading at most this old answers a start's room check
 LOG_MAX_BYTES = 64 << 20
 LOG_PASS_S = 1.0  # how often the engines' new log lines are passed into tunerd's log
@@ -181,6 +183,8 @@ class Daemon:
         self.reload_requested = threading.Event()  # SIGHUP sets it; the loop reloads between ticks
         self.host = socket.gethostname()
         self.dispatcher: Dispatcher | None = self._dispatcher(config)
+        #: ``tunerd gate``'s control socket, when an engine has a gate (docs/gate.md)
+        self.gate = GateClient(config.gate_control()) if config.gated() else None
         now = clock.now()
         self.engines: list[EngineLoop] = []
         self.actor = Actor(
@@ -235,7 +239,40 @@ class Daemon:
 
     def _on_step(self, engine: str, step: str) -> None:
         self.say("restart_step", engine=engine, step=step, at=self.clock.now())
+        loop = next((loop for loop in self.engines if loop.name == engine), None)
+        if loop is not None:
+            if step == "stopping":  # before the SIGTERM: new requests wait at the gate, not fail
+                self._gate_hold(loop)
+            elif step == "probation":  # the new engine serves: let them through
+                self._gate_release(loop)
         self.publish()  # `tunerd status` shows the restart's step while it runs
+
+    def _gate_hold(self, loop: EngineLoop) -> None:
+        """Hold new requests at the engine's gate for its drain and start-up (the last one
+        measured, else the start-up timeout) and a minute more; the gate bounds it by its
+        ``hold.max``. A gate that does not answer is said; the restart goes on."""
+        if self.gate is None or loop.config.gate is None:
+            return
+        intent = self.state.intent(loop.name)
+        version = intent.to_version if intent is not None else None
+        startup = self.state.version(version).startup_seconds if version is not None else None
+        seconds = loop.config.drain + (startup or loop.config.startup_timeout) + GATE_HOLD_MARGIN_S
+        reply = self.gate.hold(loop.name, seconds, "restart")
+        loop.gate_held = reply.ok
+        if reply.ok:
+            self.say("gate_hold", engine=loop.name, seconds=round(seconds, 1))
+        else:
+            self.say("gate_unavailable", engine=loop.name, doing="hold", error=reply.error)
+
+    def _gate_release(self, loop: EngineLoop) -> None:
+        if self.gate is None or not loop.gate_held:
+            return
+        reply = self.gate.release(loop.name)
+        loop.gate_held = not reply.ok and loop.gate_held
+        if reply.ok:
+            self.say("gate_release", engine=loop.name)
+        else:  # the hold ends at its own deadline
+            self.say("gate_unavailable", engine=loop.name, doing="release", error=reply.error)
 
     def publish(self) -> None:
         """Build the status the API hands out; a failure is said, never raised: status must
@@ -449,6 +486,7 @@ class Daemon:
     def _advance(self, loop: EngineLoop) -> None:
         result = loop.supervisor.advance()
         if result is not None:
+            self._gate_release(loop)  # however it ended: a hold outlasting it helps no one
             self.actor.finished(loop, result)
             self.publish()
             if self.jobs is not None and any(other.waiting for other in self.engines):
@@ -562,6 +600,7 @@ class Daemon:
                     else supervisor.trouble.to_dict(now, self.clock.monotonic()),
                     calibration=self._calibration(loop),
                     recommendation=self._recommendation(loop),
+                    gate=loop.gate,
                 )
             )
         monotonic = self.clock.monotonic()
@@ -931,6 +970,10 @@ class Daemon:
                     self.store.record(signal, name, now, None if value is None else float(value), generation)
         self.store.record("engine_up", name, now, up, generation)
         loop.healthy = up == 1.0
+        if self.gate is not None and loop.config.gate is not None:
+            reply = self.gate.status()
+            found = reply.data.get("engines", {}).get(name) if reply.ok else None
+            loop.gate = dict(found) if isinstance(found, dict) else {"error": reply.error or "no such gate"}
         gpus = engine_gpus(reading.gpus, loop.config.gpus)
         if gpus:
             worst = max(gpus, key=lambda gpu: gpu.memory_used_bytes or 0)

@@ -101,6 +101,7 @@ def engine_status(
     stuck: Mapping[str, Any] | None = None,
     calibration: Mapping[str, Any] | None = None,
     recommendation: Mapping[str, Any] | None = None,
+    gate: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One engine of ``tunerd status --json`` (DESIGN §4.8), and more: ``paused`` (why), ``pinned``
     and ``restart`` — the saga in flight, its step, what it waits for and its deadline — and
@@ -132,6 +133,7 @@ def engine_status(
         "metrics": None if metrics is None else dict(metrics),
         "calibration": None if calibration is None else dict(calibration),
         "recommendation": None if recommendation is None else dict(recommendation),
+        "gate": None if gate is None else dict(gate),
         "policies": [
             {
                 "name": policy.name,
@@ -201,6 +203,28 @@ def _calibration_lines(calibration: Mapping[str, Any] | None) -> list[str]:
     if fit.get("value") is not None:
         parts.append(f"fit utilization {fit['value']}")
     return _wrap("  measured  ", parts)
+
+
+def _gate_lines(gate: Mapping[str, Any] | None) -> list[str]:
+    """The engine's gate in one line: open or held, what is in flight and waiting."""
+    if not gate:
+        return []
+    if gate.get("error"):
+        return _wrap("  gate      ", [f"no answer ({gate['error']})"])
+    held = f"HELD ({gate.get('hold_reason') or 'restart'})" if gate.get("held") else "open"
+    decisions = gate.get("decisions") or {}
+    shed = sum(n for key, n in decisions.items() if key.startswith(("rejected/", "timed_out/")))
+    parts = [
+        f"{held} at {gate.get('listen', '?')}",
+        f"in flight {gate.get('in_flight', '?')} (budget {_number_tokens(gate.get('budget_tokens'))} tokens)",
+        f"queued {gate.get('queued', '?')}",
+        f"turned away {shed}",
+    ]
+    return _wrap("  gate      ", parts)
+
+
+def _number_tokens(value: Any) -> str:
+    return "?" if not isinstance(value, int) else f"{value:,}"
 
 
 def _gib(value: Any) -> str:
@@ -394,6 +418,7 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
             )
         )
         lines += _calibration_lines(engine.get("calibration"))
+        lines += _gate_lines(engine.get("gate"))
         policies = engine.get("policies") or []
         shown = [
             f"{p['name']} {p['state']}"

@@ -7,6 +7,7 @@ vLLM's does while its parent drains), where the test needs that shape.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -96,7 +97,14 @@ def test_spawned_engine_serves_logs_and_drains_on_stop(tmp_path: Path) -> None:
 
         client = threading.Thread(target=one)
         client.start()
-        time.sleep(0.3)
+        # the request is in flight once the engine counts it (a fixed sleep lost the race on a
+        # loaded machine: the SIGTERM came first and the request found the port closed)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                if httpx.get(url + "/load", timeout=2).json()["server_load"] >= 1:
+                    break
+            time.sleep(0.05)
         result = engine.stop(timeout=60)
         client.join(timeout=60)
     finally:

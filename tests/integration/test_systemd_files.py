@@ -138,3 +138,31 @@ def test_sysusers_and_tmpfiles_make_the_user_and_folders(tmp_path: Path) -> None
         info = (tmp_path / folder).stat()
         assert info.st_mode & 0o777 == mode
     assert (tmp_path / "var/lib/tunerd/engines").stat().st_uid == uid
+
+
+def test_the_gates_unit_is_its_own_and_shares_the_runtime_folder_safely() -> None:
+    service = _service(SERVICE / "tunerd-gate.service")
+    assert service["ExecStart"] == "/opt/tunerd/bin/tunerd gate --config /etc/tunerd/tunerd.yaml"
+    assert service["Type"] == "notify"
+    assert service["Restart"] == "always"  # the data path comes back whatever ended it
+    assert service["RestartPreventExitStatus"] == "2"
+    assert int(service["TimeoutStopSec"]) > 30  # the gate's 30 s drain fits
+    # both units name /run/tunerd; without Preserve, stopping either removes the other's socket
+    tunerd = _service(SERVICE / "tunerd.service")
+    assert service["RuntimeDirectory"] == tunerd["RuntimeDirectory"] == "tunerd"
+    assert service["RuntimeDirectoryPreserve"] == tunerd["RuntimeDirectoryPreserve"] == "yes"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_analyze_verify_accepts_the_gates_unit(tmp_path: Path) -> None:
+    unit = tmp_path / "tunerd-gate.service"
+    unit.write_text(
+        (SERVICE / "tunerd-gate.service")
+        .read_text()
+        .replace("/opt/tunerd/bin/tunerd", f"{sys.executable} -m tunerd")
+    )
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == ""

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "the simulated GPU and vLLM engine, and a load generator"),
     "history": ("history", "recorded actions with their evidence (works while the daemon is down)"),
     "run": ("run", "watch the engines and tune them under the policies"),
+    "gate": ("gate", "the KV-aware admission proxy in front of the engines (its own service)"),
     "status": ("status", "what the running daemon sees and did: GPUs, engines, bills, policies, guards"),
     "config": ("config", "validate the daemon's config"),
     "notify": ("notify", "the chat sinks: send a test alert"),

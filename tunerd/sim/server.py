@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -556,9 +558,16 @@ class SimServer:
         return None
 
     def completion(
-        self, body: dict[str, Any], write_event: Callable[[dict[str, Any] | None], None] | None
+        self,
+        body: dict[str, Any],
+        write_event: Callable[[dict[str, Any] | None], None] | None,
+        *,
+        chat: bool = False,
+        gone: Callable[[], bool] | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """Run one /v1/completions request; with ``write_event`` stream it (SSE chunks)."""
+        """Run one /v1/completions (``chat``: /v1/chat/completions) request; with
+        ``write_event`` stream it (SSE chunks). A client that goes away aborts the request, as
+        vLLM does: a stream notices on its next write, a plain request through ``gone``."""
         if self._draining or self.engine.dead:
             return 503, _error(
                 "The server is shutting down."
@@ -567,16 +576,20 @@ class SimServer:
                 "ServiceUnavailableError",
                 503,
             )
+        limit = self.engine.max_model_len
         try:
-            prompt_tokens = _prompt_tokens(body)
-            max_tokens = int(body.get("max_tokens", 16))
+            prompt_tokens = chat_prompt_tokens(body) if chat else _prompt_tokens(body)
+            if chat:  # vLLM's chat default: the rest of the context
+                asked = body.get("max_completion_tokens", body.get("max_tokens"))
+                max_tokens = int(asked) if asked is not None else max(1, limit - prompt_tokens)
+            else:
+                max_tokens = int(body.get("max_tokens", 16))
             logprobs = body.get("prompt_logprobs")
             prompt_logprobs = int(logprobs) if logprobs is not None else None
             if max_tokens < 1:
                 raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         except (TypeError, ValueError) as error:
             return 400, _error(str(error), "BadRequestError", 400)
-        limit = self.engine.max_model_len
         if prompt_tokens + max_tokens > limit:
             return 400, _error(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -586,7 +599,7 @@ class SimServer:
                 400,
             )
         request = Request(
-            id=f"cmpl-{uuid.uuid4().hex[:16]}",
+            id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}",
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             arrival=self.clock.now(),
@@ -602,78 +615,92 @@ class SimServer:
         sent = 0
         with self.lock:
             while not request.done and request.error is None:
-                self.lock.wait(timeout=0.5)
+                self.lock.wait(timeout=0.2)
+                if write_event is None and gone is not None and gone():
+                    return self._abandoned(request)
                 if write_event is not None and request.generated > sent:
                     text = " tok" * (request.generated - sent)
-                    sent = request.generated
+                    first, sent = sent == 0, request.generated
                     self.lock.release()
                     try:
-                        write_event(self._chunk(request, text, None))
+                        write_event(self._chunk(request, text, None, chat=chat, first=first))
                     except OSError:  # the client went away: abort the request, as vLLM does
                         self.lock.acquire()
-                        self.engine.abort(request, "client disconnected")
-                        self._observe(
-                            request
-                        )  # vLLM counts it: request_success_total{finished_reason="abort"}
-                        self._requests.pop(request.id, None)
-                        self.lock.notify_all()
-                        return 499, {}
+                        return self._abandoned(request)
                     self.lock.acquire()
             self._requests.pop(request.id, None)
         if request.error is not None:
             return 500, _error(request.error, "InternalServerError", 500)
+        usage = {
+            "prompt_tokens": request.prompt_tokens,
+            "completion_tokens": request.generated,
+            "total_tokens": request.prompt_tokens + request.generated,
+        }
         if write_event is not None:
             if request.generated > sent:
-                write_event(self._chunk(request, " tok" * (request.generated - sent), None))
-            write_event(self._chunk(request, "", request.finish_reason))
-            if (body.get("stream_options") or {}).get("include_usage"):
                 write_event(
-                    {
-                        "id": request.id,
-                        "object": "text_completion",
-                        "created": int(time.time()),
-                        "model": self.options.served_model_name,
-                        "choices": [],
-                        "usage": {
-                            "prompt_tokens": request.prompt_tokens,
-                            "completion_tokens": request.generated,
-                            "total_tokens": request.prompt_tokens + request.generated,
-                        },
-                    }
+                    self._chunk(
+                        request, " tok" * (request.generated - sent), None, chat=chat, first=sent == 0
+                    )
                 )
+            write_event(self._chunk(request, "", request.finish_reason, chat=chat, first=False))
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):
+                write_event({**self._envelope(request, chat, stream=True), "choices": [], "usage": usage})
             write_event(None)
             return 200, {}
-        return 200, {
-            "id": request.id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.options.served_model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": " tok" * request.generated,
-                    "logprobs": None,
-                    "finish_reason": request.finish_reason,
-                    "stop_reason": None,
-                    "prompt_logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": request.prompt_tokens,
-                "completion_tokens": request.generated,
-                "total_tokens": request.prompt_tokens + request.generated,
-            },
-        }
+        text = " tok" * request.generated
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
+            if chat
+            else {"index": 0, "text": text, "logprobs": None, "prompt_logprobs": None}
+        )
+        choice.update(finish_reason=request.finish_reason, stop_reason=None)
+        return 200, {**self._envelope(request, chat, stream=False), "choices": [choice], "usage": usage}
 
-    def _chunk(self, request: Request, text: str, finish: str | None) -> dict[str, Any]:
+    def _abandoned(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The client went away: abort its request (vLLM counts it as
+        ``request_success_total{finished_reason="abort"}``). Called with the lock held."""
+        self.engine.abort(request, "client disconnected")
+        self._observe(request)
+        self._requests.pop(request.id, None)
+        self.lock.notify_all()
+        return 499, {}
+
+    def _envelope(self, request: Request, chat: bool, *, stream: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
         return {
             "id": request.id,
-            "object": "text_completion",
+            "object": kind,
             "created": int(time.time()),
             "model": self.options.served_model_name,
-            "choices": [
-                {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-            ],
+        }
+
+    def _chunk(
+        self, request: Request, text: str, finish: str | None, *, chat: bool, first: bool
+    ) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"content": text}
+            if first:
+                delta = {"role": "assistant", **delta}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        choice.update(finish_reason=finish, stop_reason=None)
+        return {**self._envelope(request, chat, stream=True), "choices": [choice]}
+
+    def tokenize(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """``POST /tokenize`` as vLLM answers it: ``prompt`` (the completions' count) or
+        ``messages`` (the chat template applied, :func:`chat_prompt_tokens`)."""
+        try:
+            count = chat_prompt_tokens(body) if "messages" in body else _prompt_tokens(body)
+        except (TypeError, ValueError) as error:
+            return 400, _error(str(error), "BadRequestError", 400)
+        return 200, {
+            "count": count,
+            "max_model_len": self.engine.max_model_len,
+            "tokens": [(i * 7919) % 32000 for i in range(count)],
+            "token_strs": None,
         }
 
     def truth(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
@@ -754,6 +781,42 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
     return count
 
 
+#: the simulated model's chat template: each message is ``<|role|> content <|end|>`` (two
+#: tokens around its words); the generation prompt ``<|assistant|>`` is one more
+CHAT_TOKENS_PER_MESSAGE = 2
+CHAT_GENERATION_PROMPT_TOKENS = 1
+
+
+def chat_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """Tokens of a chat request's prompt with the simulated model's template applied: one per
+    word of each message's text (a string, or ``text`` parts), two around each message, one
+    for the generation prompt (unless ``add_generation_prompt`` is false)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {role, content}")
+    count = 0
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError("each message must be an object with a role")
+        content = message.get("content")
+        if isinstance(content, str):
+            words = len(content.split())
+        elif isinstance(content, list):
+            words = sum(
+                len(part["text"].split())
+                for part in content
+                if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            )
+        elif content is None:
+            words = 0
+        else:
+            raise ValueError("a message's content must be a string or a list of parts")
+        count += words + CHAT_TOKENS_PER_MESSAGE
+    if body.get("add_generation_prompt", True):
+        count += CHAT_GENERATION_PROMPT_TOKENS
+    return count
+
+
 def _error(message: str, kind: str, code: int) -> dict[str, Any]:
     return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
 
@@ -828,7 +891,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0].rstrip("/")
-        if path != "/v1/completions":
+        if path not in {"/v1/completions", "/v1/chat/completions", "/tokenize"}:
             self._json(404, {"detail": "Not Found"})
             return
         try:
@@ -839,13 +902,27 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, json.JSONDecodeError) as error:
             self._json(400, _error(f"invalid JSON body: {error}", "BadRequestError", 400))
             return
-        if body.get("stream"):
-            self._stream(body)
+        if path == "/tokenize":
+            self._json(*self.server_ref.tokenize(body))
             return
-        status, data = self.server_ref.completion(body, None)
-        self._json(status, data)
+        chat = path == "/v1/chat/completions"
+        if body.get("stream"):
+            self._stream(body, chat)
+            return
+        status, data = self.server_ref.completion(body, None, chat=chat, gone=self._client_gone)
+        if status != 499:
+            self._json(status, data)
 
-    def _stream(self, body: dict[str, Any]) -> None:
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection while its request runs (an EOF waiting
+        to be read); a client that sends more (a pipelined request) is still there."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _stream(self, body: dict[str, Any], chat: bool) -> None:
         started = False
 
         def write_event(event: dict[str, Any] | None) -> None:
@@ -864,7 +941,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
-        status, data = self.server_ref.completion(body, write_event)
+        status, data = self.server_ref.completion(body, write_event, chat=chat)
         if status == 499:
             return  # the client is gone
         if not started:

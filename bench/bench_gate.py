@@ -1,0 +1,216 @@
+"""The gate's overhead, against the engine reached directly, in one run (issue 19).
+
+``python bench/bench_gate.py`` puts ``tunerd gate`` (the shipped command, a config file) in
+front of two fast upstreams — the trivial loopback engine of ``bench/gate_peers.py`` and the
+simulator at a high time scale — and measures, against the same upstream reached directly:
+
+- added latency: one client, sequential requests; p50 and p99 of the gate's minus direct's;
+- throughput: 64 concurrent keep-alive clients, plain and streamed answers; requests per
+  second through the gate over direct.
+
+Rounds alternate direct and gated so drift hits both; medians over rounds are reported.
+``--stacks`` instead compares the candidate async HTTP stacks with the same minimal proxy on
+each (the measurement docs/gate.md quotes; needs ``pip install uvicorn``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import ROOT, figure, free_port
+
+PEERS = [sys.executable, str(Path(__file__).parent / "gate_peers.py")]
+TUNERD = [str(ROOT / ".venv" / "bin" / "tunerd")] if (ROOT / ".venv" / "bin" / "tunerd").exists() else [
+    sys.executable, "-m", "tunerd",
+]  # fmt: skip
+
+
+@contextmanager
+def process(command: list[str], health: str) -> Iterator[subprocess.Popen[bytes]]:
+    started = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(health, timeout=1).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise SystemExit(f"{command} did not come up")
+        yield started
+    finally:
+        started.terminate()
+        try:
+            started.wait(15)
+        except subprocess.TimeoutExpired:
+            started.kill()
+
+
+def load(url: str, clients: int, requests: int, stream: bool) -> dict[str, Any]:
+    done = subprocess.run(
+        [*PEERS, "load", url, str(clients), str(requests), "stream" if stream else "plain"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    if result["errors"]:
+        raise SystemExit(f"{result['errors']} requests failed against {url}")
+    return result
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(
+    targets: dict[str, str], rounds: int, sequential: int, concurrent: int
+) -> dict[str, dict[str, float]]:
+    """Per target: p50/p99 latency (one client) and requests/s at 64 clients, plain and
+    streamed; medians over ``rounds`` rounds that alternate the targets."""
+    seen: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
+    for round_number in range(rounds):
+        for name, url in targets.items():
+            load(url, 4, 200, False)  # warm the connections
+            one = load(url, 1, sequential, False)["latencies"]
+            plain = load(url, 64, concurrent, False)
+            stream = load(url, 64, concurrent, True)
+            figures = {
+                "p50_ms": quantile(one, 0.5) * 1000,
+                "p99_ms": quantile(one, 0.99) * 1000,
+                "plain_rps": concurrent / plain["wall"],
+                "stream_rps": concurrent / stream["wall"],
+            }
+            for key, value in figures.items():
+                seen[name].setdefault(key, []).append(value)
+            print(
+                f"  round {round_number + 1} {name:24} "
+                + "  ".join(f"{k} {v:8.2f}" for k, v in figures.items())
+            )
+    return {name: {key: statistics.median(values) for key, values in by.items()} for name, by in seen.items()}
+
+
+def gate_config(folder: Path, upstream: str) -> tuple[Path, str, Path]:
+    port = free_port()
+    control = folder / "gate.sock"
+    config = {
+        "state_dir": str(folder),
+        "engines": [
+            {
+                "name": "main",
+                "url": upstream,
+                "command": ["vllm", "serve", "m"],
+                "gate": {"listen": f"127.0.0.1:{port}", "control": str(control)},
+            }
+        ],
+    }
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, f"http://127.0.0.1:{port}", control
+
+
+def wait_gate_ready(control: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with httpx.Client(transport=httpx.HTTPTransport(uds=str(control)), timeout=2) as client:
+                if client.get("http://gate/status").json()["engines"]["main"]["engine_up"]:
+                    return
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    raise SystemExit("the gate never saw its engine")
+
+
+def bench_gate(rounds: int) -> None:
+    upstreams = {
+        "trivial": lambda port: [*PEERS, "upstream", str(port)],
+        "simulator": lambda port: [
+            *TUNERD, "sim", "serve", "--host", "127.0.0.1", "--port", str(port), "--time-scale", "1000",
+            "--sim-startup-seconds", "1", "--sim-model", "llama-3.1-8b", "--sim-weights", "awq",
+            "--sim-gpu", "h100", "--max-model-len", "32768", "--max-num-seqs", "256",
+        ],
+    }  # fmt: skip
+    for label, command in upstreams.items():
+        port = free_port()
+        direct = f"http://127.0.0.1:{port}"
+        with tempfile.TemporaryDirectory() as folder, process(command(port), f"{direct}/health"):
+            config, gated, control = gate_config(Path(folder), direct)
+            with process([*TUNERD, "gate", "--config", str(config)], f"{gated}/health"):
+                wait_gate_ready(control)
+                print(f"{label} upstream: direct {direct}, through the gate {gated}")
+                found = measure({"direct": direct, "gate": gated}, rounds, 400, 2000)
+        d, g = found["direct"], found["gate"]
+        p50, p99 = g["p50_ms"] - d["p50_ms"], g["p99_ms"] - d["p99_ms"]
+        print(f"  medians: direct {d}\n           gate   {g}")
+        figure(f"gate added latency p50 ({label})", f"{p50:.2f} ms", "≤ 1 ms", p50 <= 1.0)
+        figure(f"gate added latency p99 ({label})", f"{p99:.2f} ms", "≤ 5 ms", p99 <= 5.0)
+        for kind in ("plain", "stream"):
+            ratio = g[f"{kind}_rps"] / d[f"{kind}_rps"]
+            figure(f"gate throughput, 64 clients, {kind} ({label})", f"{ratio:.0%}", "≥ 90%", ratio >= 0.9)
+
+
+def bench_stacks(rounds: int) -> None:
+    port = free_port()
+    direct = f"http://127.0.0.1:{port}"
+    candidates = ["proxy-aiohttp", "proxy-uvicorn-aiohttp", "proxy-uvicorn-httpx"]
+    with process([*PEERS, "upstream", str(port)], f"{direct}/health"):
+        targets = {"direct": direct}
+        opened = []
+        try:
+            for candidate in candidates:
+                proxy_port = free_port()
+                context = process(
+                    [*PEERS, candidate, str(proxy_port), direct], f"http://127.0.0.1:{proxy_port}/health"
+                )
+                context.__enter__()
+                opened.append(context)
+                targets[candidate] = f"http://127.0.0.1:{proxy_port}"
+            found = measure(targets, rounds, 400, 2000)
+        finally:
+            for context in opened:
+                context.__exit__(None, None, None)
+    d = found["direct"]
+    print("\nstack                   added p50  added p99  plain rps (of direct)  stream rps (of direct)")
+    for name, f in found.items():
+        if name == "direct":
+            continue
+        print(
+            f"{name:22} {f['p50_ms'] - d['p50_ms']:8.2f} ms {f['p99_ms'] - d['p99_ms']:8.2f} ms"
+            f"  {f['plain_rps']:7.0f} ({f['plain_rps'] / d['plain_rps']:4.0%})"
+            f"        {f['stream_rps']:7.0f} ({f['stream_rps'] / d['stream_rps']:4.0%})"
+        )
+    print(f"direct                 p50 {d['p50_ms']:.2f} ms, p99 {d['p99_ms']:.2f} ms, "
+          f"plain {d['plain_rps']:.0f}/s, stream {d['stream_rps']:.0f}/s")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stacks", action="store_true", help="compare the candidate HTTP stacks instead")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.stacks:
+        bench_stacks(args.rounds)
+    else:
+        bench_gate(args.rounds)
+
+
+if __name__ == "__main__":
+    main()

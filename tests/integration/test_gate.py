@@ -1,0 +1,369 @@
+"""`tunerd gate` in front of `tunerd sim serve`, both real processes on loopback (issue 19).
+
+What a client sees through the gate: the engine's own answers (plain and streamed, chunk by
+chunk), the gate's own (400, 413, 429 and 503 with Retry-After), a client that goes away
+aborting the engine's request, long prompts in their own lane, requests waiting through a
+hold and through an engine that is down, and a gate that keeps serving through bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.cli import TUNERD, run_tunerd
+from tests.integration.gate_world import SEED_ENGINE, GateWorld, Process, gate_world, wait_healthy, words
+from tests.integration.sim_daemon import BEFORE, free_port, running, sim_daemon
+
+pytestmark = pytest.mark.slow
+#: the seed's engine with a pool of about 50K tokens: three 16K requests do not fit in it
+SMALL_POOL = [arg if arg != "0.92" else "0.40" for arg in SEED_ENGINE]
+AFTER = {**BEFORE, "max_num_seqs": 6}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateWorld]:
+    with gate_world(tmp_path_factory.mktemp("gate"), *SEED_ENGINE) as found:
+        yield found
+
+
+def _post(url: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(url, json=body, headers=headers, timeout=60)
+
+
+def _watch(world: GateWorld, stop: threading.Event, seen: list[dict[str, Any]]) -> None:
+    while not stop.is_set():
+        seen.append(world.status())
+        time.sleep(0.02)
+
+
+def _together(calls: list[Callable[[], httpx.Response]]) -> list[httpx.Response]:
+    results: list[httpx.Response | None] = [None] * len(calls)
+
+    def run(index: int) -> None:
+        results[index] = calls[index]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert all(result is not None for result in results)
+    return [r for r in results if r is not None]
+
+
+def test_answers_pass_through_plain_and_streamed_with_the_engines_usage(world: GateWorld) -> None:
+    plain = _post(f"{world.url}/v1/completions", {"prompt": words(40), "max_tokens": 5})
+    assert plain.status_code == 200
+    assert plain.json()["usage"]["prompt_tokens"] == 40
+    chat = {
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": words(30)}],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{world.url}/v1/chat/completions", json=chat, timeout=30) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["usage"]["prompt_tokens"] == 2 + 2 + 30 + 2 + 1  # the template's count
+    # the gate counted the same (by the engine's /tokenize): the error it measured is 0
+    assert world.status()["last_count_error_ratio"] == 0.0
+    assert world.gate_metric("tunerd_gate_count_error_ratio_count", engine="main") >= 1
+    # everything else passes straight through, the engine's /metrics included
+    models = httpx.get(f"{world.url}/v1/models", timeout=10).json()
+    assert models["data"][0]["max_model_len"] == 32768
+    assert "vllm:kv_cache_usage_perc" in httpx.get(f"{world.url}/metrics", timeout=10).text
+    assert httpx.get(f"{world.url}/no/such/path", timeout=10).status_code == 404  # the engine's 404
+
+
+def test_a_client_that_goes_away_aborts_the_engines_request(world: GateWorld) -> None:
+    aborted = world.engine_metric("vllm:request_success_total", finished_reason="abort")
+    long_answer = {"prompt": words(20), "max_tokens": 20000, "ignore_eos": True}
+    with httpx.stream(
+        "POST", f"{world.url}/v1/completions", json={**long_answer, "stream": True}, timeout=30
+    ) as answer:
+        for _ in answer.iter_lines():
+            break  # the first chunk, then the client hangs up
+    with pytest.raises(httpx.ReadTimeout):  # not streamed: the client gives up waiting
+        httpx.post(f"{world.url}/v1/completions", json=long_answer, timeout=0.5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if world.engine_metric("vllm:request_success_total", finished_reason="abort") >= aborted + 2:
+            break
+        time.sleep(0.1)
+    assert world.engine_metric("vllm:request_success_total", finished_reason="abort") == aborted + 2
+    assert world.engine_metric("vllm:num_requests_running") == 0
+    status = world.status()
+    assert (status["in_flight"], status["in_flight_tokens"]) == (0, 0)  # their need is free again
+
+
+def test_the_gates_own_answers_for_bad_input(world: GateWorld) -> None:
+    bad_json = httpx.post(f"{world.url}/v1/completions", content=b"{not json", timeout=10)
+    assert bad_json.status_code == 400
+    assert "malformed JSON" in bad_json.json()["error"]["message"]
+    assert bad_json.headers["X-Tunerd-Gate"] == "1"
+    not_object = httpx.post(f"{world.url}/v1/chat/completions", json=[1, 2], timeout=10)
+    assert not_object.status_code == 400
+    no_messages = _post(f"{world.url}/v1/chat/completions", {"messages": "hello"})
+    assert "messages must be a non-empty list" in no_messages.json()["error"]["message"]
+    bad_max = _post(f"{world.url}/v1/completions", {"prompt": "hi", "max_tokens": "lots"})
+    assert "max_tokens must be a whole number" in bad_max.json()["error"]["message"]
+    bad_priority = _post(f"{world.url}/v1/completions", {"prompt": "hi"}, **{"X-Tunerd-Priority": "high"})
+    assert bad_priority.status_code == 400
+    over_context = _post(f"{world.url}/v1/completions", {"prompt": words(30000), "max_tokens": 5000})
+    assert over_context.status_code == 400
+    assert "maximum context length is 32768" in over_context.json()["error"]["message"]
+    # no max_tokens on a chat request: it may run to max_model_len, and it does run
+    no_max = _post(f"{world.url}/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    assert no_max.status_code == 200
+    huge = httpx.post(f"{world.url}/v1/completions", content=b"x" * (65 << 20), timeout=30)
+    assert huge.status_code == 413
+    ok = _post(f"{world.url}/v1/completions", {"prompt": "still serving", "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_slow_clients_do_not_stop_the_others(world: GateWorld) -> None:
+    host, port = world.url.removeprefix("http://").split(":")
+    sockets = []
+    for _ in range(50):  # slowloris: half a request line each, never finished
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        sockets.append(sock)
+    try:
+        started = time.monotonic()
+        ok = _post(f"{world.url}/v1/completions", {"prompt": "served", "max_tokens": 2})
+        assert ok.status_code == 200
+        assert time.monotonic() - started < 5
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_long_prompts_run_in_their_lane_while_short_ones_flow(tmp_path: Path) -> None:
+    with gate_world(tmp_path, *SEED_ENGINE, long_threshold=4000, long_lane=1) as world:
+        seen: list[dict[str, Any]] = []
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(world, stop, seen))
+        watcher.start()
+        long_body = {"prompt": words(6000), "max_tokens": 300, "ignore_eos": True}
+        short_body = {"prompt": words(50), "max_tokens": 20, "ignore_eos": True}
+        calls = [lambda: _post(f"{world.url}/v1/completions", long_body) for _ in range(3)]
+        calls += [lambda: _post(f"{world.url}/v1/completions", short_body) for _ in range(6)]
+        answers = _together(calls)
+        stop.set()
+        watcher.join()
+        assert [a.status_code for a in answers] == [200] * 9
+        assert max(s["long_in_flight"] for s in seen) == 1  # run alone, one at a time
+        assert max(s["queued"] for s in seen) >= 1  # the others waited for the lane
+        decisions = world.status()["decisions"]
+        assert decisions["admitted/long"] == 3
+        assert decisions["admitted/short"] >= 6
+        assert decisions.get("queued/long_lane", 0) >= 1
+
+
+def test_the_kv_budget_holds_and_full_queues_answer_429_then_503(tmp_path: Path) -> None:
+    with gate_world(
+        tmp_path, *SMALL_POOL, long_threshold=1_000_000, queue={"max_requests": 2, "max_wait": "2s"}
+    ) as world:
+        pool = world.status()["pool_tokens"]
+        # each request needs a third of the pool: two fit 0.9 of it, the third waits
+        prompt = pool // 3 - 100
+        assert prompt < 32768 - 100  # within max_model_len
+        body = {"prompt": words(prompt), "max_tokens": 50, "ignore_eos": True}
+        seen: list[dict[str, Any]] = []
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(world, stop, seen))
+        watcher.start()
+        answers = _together([lambda: _post(f"{world.url}/v1/completions", body) for _ in range(6)])
+        stop.set()
+        watcher.join()
+        codes = sorted(a.status_code for a in answers)
+        assert codes.count(200) >= 2
+        assert max(s["in_flight_tokens"] for s in seen) <= world.status()["budget_tokens"]
+        refused = [a for a in answers if a.status_code in (429, 503)]
+        assert refused, codes  # two run, two wait, the rest find the queue full
+        for answer in refused:
+            assert int(answer.headers["Retry-After"]) >= 1
+            assert answer.json()["error"]["code"] == answer.status_code
+        assert any(a.status_code == 429 for a in refused)
+
+
+def test_a_hold_keeps_requests_waiting_and_release_lets_them_through(world: GateWorld) -> None:
+    held = world.control_post("hold", {"seconds": 30, "reason": "restart"}).json()
+    assert held["held"] is True
+    assert held["hold_reason"] == "restart"
+    results: list[httpx.Response] = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            _post(f"{world.url}/v1/completions", {"prompt": "wait", "max_tokens": 2})
+        )
+    )
+    thread.start()
+    time.sleep(1.0)
+    assert not results  # still waiting at the gate
+    assert world.status()["queued"] == 1
+    assert world.gate_metric("tunerd_gate_held", engine="main") == 1
+    released = world.control_post("release").json()
+    assert released["held"] is False
+    thread.join(10)
+    assert [r.status_code for r in results] == [200]
+
+
+def test_a_hold_past_its_max_is_503_with_retry_after_never_a_connection_error(tmp_path: Path) -> None:
+    with gate_world(tmp_path, *SEED_ENGINE, hold={"max": "1s"}) as world:
+        world.control_post("hold", {"reason": "restart"})
+        answer = _post(f"{world.url}/v1/completions", {"prompt": "wait", "max_tokens": 2})
+        assert answer.status_code == 503
+        assert "engine's restart" in answer.json()["error"]["message"]
+        assert int(answer.headers["Retry-After"]) >= 1
+        assert _post(f"{world.url}/v1/completions", {"prompt": "after", "max_tokens": 2}).status_code == 200
+
+
+def test_requests_wait_for_an_engine_that_is_down_and_run_when_it_is_back(tmp_path: Path) -> None:
+    with gate_world(tmp_path, *SEED_ENGINE) as world:
+        assert world.sim is not None
+        world.sim.stop()
+        results: list[httpx.Response] = []
+        thread = threading.Thread(
+            target=lambda: results.append(
+                _post(f"{world.url}/v1/completions", {"prompt": "hi", "max_tokens": 2})
+            )
+        )
+        thread.start()
+        time.sleep(0.5)
+        assert not results
+        world.restart_sim(*SEED_ENGINE)
+        wait_healthy(world.engine_url)
+        thread.join(30)
+        assert [r.status_code for r in results] == [200]  # no connection error: it waited
+        assert world.gate.events("gate_engine_up")
+
+
+def test_the_control_socket_retunes_live_and_refuses_bad_limits(world: GateWorld) -> None:
+    changed = world.control_post("limits", {"long_threshold": 8192, "max_concurrency": 4}).json()
+    assert changed["limits"]["long_threshold"] == 8192
+    assert changed["limits"]["max_concurrency"] == 4
+    assert world.gate_metric("tunerd_gate_limit", engine="main", limit="max_concurrency") == 4
+    assert world.control_post("limits", {"target_fraction": 1.5}).status_code == 400
+    assert world.control_post("limits", {"queue": 3}).status_code == 400
+    assert world.control_post("limits", {"long_lane": "two"}).status_code == 400
+    assert world.control_post("hold", {"seconds": -1}).status_code == 400
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(world.control)), timeout=5) as client:
+        assert client.post("http://gate/engines/nope/hold", json={}).status_code == 404
+    world.control_post("limits", {"long_threshold": 16384, "max_concurrency": 0})
+
+
+def test_gate_status_and_the_command_lines_errors(world: GateWorld, tmp_path: Path) -> None:
+    shown = run_tunerd("gate", "status", "--config", str(world.config))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("main  open  listen 127.0.0.1:")
+    as_json = json.loads(run_tunerd("gate", "status", "--json", "--config", str(world.config)).stdout)
+    assert as_json["engines"]["main"]["pool_tokens"] > 0
+    ungated = tmp_path / "ungated.yaml"
+    ungated.write_text("engines:\n  - name: main\n    command: [vllm, serve, m]\n")
+    refused = run_tunerd("gate", "--config", str(ungated))
+    assert refused.returncode == 2
+    assert "no engine has a gate: block" in refused.stderr
+    nobody = tmp_path / "nobody.yaml"
+    nobody.write_text(
+        "state_dir: " + str(tmp_path) + "\nengines:\n  - name: main\n    command: [vllm, serve, m]\n"
+        "    gate: {listen: '127.0.0.1:1', control: " + str(tmp_path / "none.sock") + "}\n"
+    )
+    missing = run_tunerd("gate", "status", "--config", str(nobody))
+    assert missing.returncode == 1
+    assert "no gate answers at" in missing.stderr
+
+
+def test_a_restart_by_tunerd_holds_new_requests_at_the_gate_and_none_fails(tmp_path: Path) -> None:
+    """The whole story: tunerd (mode act) supervises the simulated engine, `tunerd gate` runs
+    from the same config file, clients send steadily through the gate; a person's rollback
+    makes tunerd restart the engine (drain, stop, start, verify). The gate holds what arrives
+    meanwhile and lets it through once the new engine serves: no client sees an error."""
+    gate_port = free_port()
+    control = tmp_path / "gate.sock"
+    said: list[dict[str, Any]] = []
+    daemon = sim_daemon(
+        tmp_path, said=said, gate={"listen": f"127.0.0.1:{gate_port}", "control": str(control)}
+    )
+    supervisor = daemon.engines[0].supervisor
+
+    def tuned() -> None:  # a change that took: the rollback below has something to undo
+        assert (
+            supervisor.restart(AFTER, reason="kv-pool-saturated: max_num_seqs 8 → 6").outcome == "succeeded"
+        )
+
+    gate = Process(
+        subprocess.Popen(
+            [*TUNERD, "gate", "--config", str(tmp_path / "tunerd.yaml")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    )
+    url = f"http://127.0.0.1:{gate_port}"
+    codes: list[int] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                try:
+                    codes.append(
+                        http.post(
+                            f"{url}/v1/completions", json={"prompt": words(20), "max_tokens": 8}
+                        ).status_code
+                    )
+                except httpx.HTTPError as error:  # a connection error: what the gate must prevent
+                    codes.append(-1)
+                    said.append({"event": "client_error", "error": repr(error)})
+
+    try:
+        with running(daemon, prepare=tuned):
+            gate.wait_event("gate_engine_up")
+            clients = [threading.Thread(target=client) for _ in range(4)]
+            for thread in clients:
+                thread.start()
+            time.sleep(1.0)
+            before = len(codes)
+            asked = run_tunerd(
+                "rollback", "main", "--state-dir", str(tmp_path / "state"), "--reason", "latency doubled"
+            )
+            assert asked.returncode == 0, asked.stderr
+            deadline = time.monotonic() + 30
+            while supervisor.running_settings() != BEFORE and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert supervisor.running_settings() == BEFORE
+            time.sleep(1.0)  # clients keep going on the new engine
+            stop.set()
+            for thread in clients:
+                thread.join(60)
+            events = [event["event"] for event in said]
+            assert "gate_hold" in events
+            assert "gate_release" in events
+            assert len(codes) > before + 10
+            assert set(codes) == {200}, [e for e in said if e["event"] == "client_error"][:3]
+            held = json.loads(
+                run_tunerd("gate", "status", "--json", "--config", str(tmp_path / "tunerd.yaml")).stdout
+            )
+            decisions = held["engines"]["main"]["decisions"]
+            assert (
+                decisions.get("held/held", 0) + decisions.get("queued/engine_unknown", 0) >= 1
+            )  # some waited
+            status = daemon.status()["engines"][0]
+            assert status["gate"]["engine"] == "main"  # tunerd status shows the gate
+    finally:
+        stop.set()
+        gate.stop()
