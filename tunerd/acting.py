@@ -112,6 +112,9 @@ class Actor:
         engines: Sequence[EngineLoop],
         env_path: Callable[[EngineConfig], str],
         gpus: Callable[[], Sequence[GpuSample]] = tuple,
+        retune_gate: Callable[[str, dict[str, Any]], str | None] = lambda engine, limits: (
+            "no gate configured"
+        ),
     ) -> None:
         self.config = config  # the daemon replaces it on reload
         self.state = state
@@ -123,6 +126,7 @@ class Actor:
         self.engines = engines
         self.env_path = env_path
         self.gpus = gpus  # the latest GPU reading's samples: which engines share a GPU
+        self.retune_gate = retune_gate  # the engine's gate takes new limits: None, or why not
 
     @property
     def mode(self) -> Mode:
@@ -150,6 +154,10 @@ class Actor:
             plan = replace(plan, mode=self.mode)  # a plan made before a reload lowered the mode
         if crash is not None:
             return self._crashed(loop, plan)
+        if plan is not None and plan.gate_changes and not plan.hold:
+            gated = self._gate(loop, plan, now)  # live, before (and without) any restart
+            if not plan.changes:
+                return gated
         if plan is None or not plan.changes:
             return Acted(Did.NOTHING)
         if plan.hold:
@@ -188,6 +196,41 @@ class Actor:
             return Acted(Did.FINISHED, result=skipped)
         self.say("engine_tuning", engine=loop.name, changes=plan.changes)
         return Acted(Did.RESTARTING)
+
+    def _gate(self, loop: EngineLoop, plan: ActionPlan, now: float) -> Acted:
+        """A plan's ``gate:`` changes: applied to the engine's gate at once in act (recorded
+        as kind ``gate``, from and to its limits), recorded as proposed in advise, skipped in
+        observe. A gate that does not answer fails the action and says why."""
+        changes = plan.gate_changes
+        before = {knob: old for knob, (old, _) in changes.items()}
+        after = {knob: new for knob, (_, new) in changes.items()}
+        words = ", ".join(f"{knob} {old} → {new}" for knob, (old, new) in changes.items())
+        reason = "; ".join(plan.reasons)
+        if plan.mode != Mode.ACT:
+            outcome = "proposed" if plan.mode == Mode.ADVISE else "skipped"
+            did, detail = (Did.PROPOSED if plan.mode == Mode.ADVISE else Did.OBSERVED), ""
+        else:
+            error = self.retune_gate(loop.name, after)
+            outcome = "succeeded" if error is None else "failed"
+            did, detail = Did.GATED, f"gate: {words}" if error is None else f"gate not changed: {error}"
+            if error is not None:
+                reason = f"{reason}; the gate did not take it: {error}"
+        self.state.record_action(
+            engine=plan.engine,
+            kind="gate",
+            mode=plan.mode,
+            outcome=outcome,
+            reason=reason,
+            now=now,
+            policy=",".join(plan.policies),
+            from_settings=before,
+            to_settings=after,
+            evidence={"signals": dict(plan.evidence)},
+        )
+        self.say("gate_tuned", engine=plan.engine, mode=plan.mode, outcome=outcome, changes=words)
+        if loop.gate is not None and outcome == "succeeded":  # until the next tick reads it
+            loop.gate = {**loop.gate, "limits": {**loop.gate.get("limits", {}), **after}}
+        return Acted(did, detail)
 
     def _crashed(self, loop: EngineLoop, plan: ActionPlan | None) -> Acted:
         """A dead engine: the same settings again (supervision, every mode), the policies'

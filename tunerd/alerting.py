@@ -38,6 +38,7 @@ class Did(StrEnum):
     RECOVERING = "recovering"  # the engine died: it starts again with the same settings (the
     # plan's own change, if any, is proposed or refused — not what starts)
     FINISHED = "finished"  # a saga ended (``result``)
+    GATED = "gated"  # the engine's gate took new limits, live (``detail`` says which)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Acted:
             Did.WAITING: "waiting",
             Did.RESTARTING: "applied",
             Did.RECOVERING: "skipped",
+            Did.GATED: "succeeded",
         }.get(self.did)
 
     def text(self) -> str:
@@ -82,6 +84,7 @@ class Acted:
             Did.GAVE_UP: f"not applied: {self.detail}",
             Did.RESTARTING: "restarting",
             Did.RECOVERING: self.detail,
+            Did.GATED: self.detail,
         }
         return words.get(self.did, self.detail)
 

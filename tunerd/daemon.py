@@ -198,6 +198,7 @@ class Daemon:
             engines=self.engines,
             env_path=lambda engine: str(self._env_path(engine)),
             gpus=lambda: self.sampler.latest.gpus if self.sampler.latest is not None else (),
+            retune_gate=self._retune_gate,
         )
         self.engines += [self._loop(engine, _guards(config), now) for engine in config.engines]
 
@@ -263,6 +264,13 @@ class Daemon:
             self.say("gate_hold", engine=loop.name, seconds=round(seconds, 1))
         else:
             self.say("gate_unavailable", engine=loop.name, doing="hold", error=reply.error)
+
+    def _retune_gate(self, engine: str, limits: dict[str, Any]) -> str | None:
+        """A policy's ``gate:`` action, carried out: None when the gate took it, else why not."""
+        if self.gate is None:
+            return "no engine has a gate in the config"
+        reply = self.gate.retune(engine, limits)
+        return None if reply.ok else reply.error
 
     def _gate_release(self, loop: EngineLoop) -> None:
         if self.gate is None or not loop.gate_held:
@@ -1201,6 +1209,7 @@ class Daemon:
             mode=self.mode,
             observed_since=loop.observed_since,
             fits=self._fits(loop, settings),
+            gate=_gate_limits(loop.gate) if loop.config.gate is not None else None,
         )
         loop.policy_states, plan = evaluate(self.policies, loop.policy_states, self.store, context, now)
         if plan is not None and plan.changes and plan.prediction is None:
@@ -1296,3 +1305,10 @@ class Daemon:
                 del loop.notified[policy]
                 summary = f"{policy} no longer holds on {loop.name}"
                 self._send_alert(Outgoing(alert.resolved(now, summary), None, self.mode))
+
+
+def _gate_limits(gate: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The live limits of an engine's gate as it answered at the last tick (empty: it did not
+    answer): what a policy's ``gate:`` action starts from."""
+    limits = gate.get("limits") if gate and not gate.get("error") else None
+    return dict(limits) if isinstance(limits, dict) else {}

@@ -62,7 +62,7 @@ DB_NAME = "tunerd.db"
 #: observations kept per engine (older ones are dropped as new ones are written)
 OBSERVATIONS_KEPT = 50
 LOCK_NAME = "tunerd.lock"
-ACTION_KINDS = ("tune", "restart", "rollback", "hold", "resume", "pin", "adopt", "notify")
+ACTION_KINDS = ("tune", "restart", "rollback", "hold", "resume", "pin", "adopt", "notify", "gate")
 OUTCOMES = ("proposed", "applied", "succeeded", "failed", "rolled_back", "skipped")
 SOURCES = ("initial", "tune", "adopt", "rollback", "pin")
 

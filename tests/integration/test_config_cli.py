@@ -17,7 +17,7 @@ def test_a_good_config_checks_ok(tmp_path: Path) -> None:
     )
     result = _tunerd("config", "check", "--config", str(config))
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"{config}: ok (engines: llama; 9 policies; mode act)\n"
+    assert result.stdout == f"{config}: ok (engines: llama; 10 policies; mode act)\n"
 
 
 def test_bad_configs_exit_2_with_located_problems(tmp_path: Path) -> None:

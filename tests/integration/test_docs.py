@@ -49,8 +49,9 @@ EXPECTED_EXIT = {
     # test_people_win.py runs rollbacks that take
     "tunerd rollback llama31-8b --reason the last tune made it worse": 2,
 }
-#: Run elsewhere: the demo by tests/integration/test_demo.py, the test suite by CI.
-RUN_ELSEWHERE = {"tunerd demo", "make demo", "make test"}
+#: Run elsewhere: the demo by tests/integration/test_demo.py, the test suite by CI, the gate
+#: (a server, and its status against one) by tests/integration/test_gate.py.
+RUN_ELSEWHERE = {"tunerd demo", "make demo", "make test", "tunerd gate"}
 
 
 @dataclass(frozen=True)
@@ -314,7 +315,7 @@ def test_the_kubernetes_example_config_passes_config_check(tmp_path: Path) -> No
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "9 policies; mode advise" in done.stdout
+    assert "10 policies; mode advise" in done.stdout
 
 
 def test_the_annotated_config_in_docs_passes_config_check(tmp_path: Path) -> None:

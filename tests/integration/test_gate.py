@@ -9,6 +9,7 @@ hold and through an engine that is down, and a gate that keeps serving through b
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -21,7 +22,15 @@ import httpx
 import pytest
 
 from tests.integration.cli import TUNERD, run_tunerd
-from tests.integration.gate_world import SEED_ENGINE, GateWorld, Process, gate_world, wait_healthy, words
+from tests.integration.gate_world import (
+    SEED_ENGINE,
+    GateWorld,
+    Process,
+    gate_world,
+    start_sim,
+    wait_healthy,
+    words,
+)
 from tests.integration.sim_daemon import BEFORE, free_port, running, sim_daemon
 
 pytestmark = pytest.mark.slow
@@ -367,3 +376,98 @@ def test_a_restart_by_tunerd_holds_new_requests_at_the_gate_and_none_fails(tmp_p
     finally:
         stop.set()
         gate.stop()
+
+
+def test_a_policys_gate_action_retunes_the_running_gate_live_and_is_recorded(tmp_path: Path) -> None:
+    """tunerd (mode act) with a policy whose `gate:` action fires at once: the gate takes the
+    new limit within a tick, no restart happens, history says kind gate, succeeded."""
+    policy = tmp_path / "tighten.yaml"
+    policy.write_text(
+        "version: 1\npolicies:\n"
+        "  - name: tighten\n"
+        "    when: {metric: engine_up, above: 0.5}\n"
+        "    then: [{gate: {target_fraction: step_down}}]\n"
+        "    cooldown: 1h\n"
+    )
+    gate_port = free_port()
+    control = tmp_path / "gate.sock"
+    daemon = sim_daemon(
+        tmp_path,
+        policies=(str(policy),),
+        top={"metrics": {"interval": "250ms"}},
+        gate={"listen": f"127.0.0.1:{gate_port}", "control": str(control)},
+    )
+    gate = Process(
+        subprocess.Popen(
+            [*TUNERD, "gate", "--config", str(tmp_path / "tunerd.yaml")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    )
+    try:
+        gate.wait_event("gate_control_listening")
+        with running(daemon):
+            generation = daemon.state.engine("main").generation  # type: ignore[union-attr]
+            deadline = time.monotonic() + 20
+            kinds: list[dict[str, Any]] = []
+            while time.monotonic() < deadline:
+                kinds = [h for h in daemon.state.history(engine="main") if h["kind"] == "gate"]
+                if kinds:
+                    break
+                time.sleep(0.1)
+            assert kinds, daemon.state.history(engine="main")
+            (record,) = kinds
+            assert record["outcome"] == "succeeded"
+            assert record["from_settings"] == {"target_fraction": 0.9}
+            assert record["to_settings"] == {"target_fraction": 0.85}
+            assert "tighten: gate target_fraction 0.9 → 0.85" in record["reason"]
+            shown = json.loads(
+                run_tunerd("gate", "status", "--json", "--config", str(tmp_path / "tunerd.yaml")).stdout
+            )
+            assert shown["engines"]["main"]["limits"]["target_fraction"] == 0.85
+            assert daemon.state.engine("main").generation == generation  # type: ignore[union-attr]  # no restart
+    finally:
+        gate.stop()
+
+
+def test_the_config_in_docs_gate_md_runs_as_written(tmp_path: Path) -> None:
+    """docs/gate.md's config block and commands, the user's way: only the ports and the
+    socket's folder are this machine's."""
+    doc = (Path(__file__).parents[2] / "docs" / "gate.md").read_text()
+    block = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)[0]
+    engine_port, gate_port = free_port(), free_port()
+    control = tmp_path / "gate.sock"
+    text = (
+        block.replace("127.0.0.1:8000", f"127.0.0.1:{engine_port}")
+        .replace("127.0.0.1:8001", f"127.0.0.1:{gate_port}")
+        .replace("/run/tunerd/gate.sock", str(control))
+    )
+    config = tmp_path / "tunerd.yaml"
+    config.write_text(f"state_dir: {tmp_path}\n{text}")
+    commands = [
+        line[2:] for line in re.findall(r"^\$ .*$", doc, flags=re.M) if line.startswith("$ tunerd gate")
+    ]
+    assert commands == ["tunerd gate status --config /etc/tunerd/tunerd.yaml"]
+    sim = start_sim(engine_port, *SEED_ENGINE)
+    gate = Process(
+        subprocess.Popen(
+            [*TUNERD, "gate", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    )
+    try:
+        gate.wait_event("gate_engine_up")
+        argv = commands[0].replace("/etc/tunerd/tunerd.yaml", str(config)).split()[1:]
+        shown = run_tunerd(*argv)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith(f"llama31-8b  open  listen 127.0.0.1:{gate_port}")
+        answer = httpx.post(
+            f"http://127.0.0.1:{gate_port}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30
+        )
+        assert answer.status_code == 200
+    finally:
+        gate.stop()
+        sim.stop()

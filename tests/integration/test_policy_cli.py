@@ -26,7 +26,7 @@ def test_policy_check_shipped_policies_pass() -> None:
     files = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "policies").rglob("*.yaml"))
     result = tunerd("policy", "check", *files)
     assert result.returncode == 0, result.stderr
-    assert "policies/default.yaml: ok (9 policies)" in result.stdout
+    assert "policies/default.yaml: ok (10 policies)" in result.stdout
 
 
 def test_policy_test_shipped_tests_pass() -> None:

@@ -414,34 +414,38 @@ class Admission:
             )
         return None
 
-    def _fits(self, ticket: Ticket, reserved: int) -> bool:
+    def _fits(self, ticket: Ticket, reserved: int, in_flight: int | None = None) -> bool:
         budget = self.budget
         if budget is None:
             return False
-        if self.in_flight_tokens + reserved + ticket.need <= budget:
+        if (self.in_flight_tokens if in_flight is None else in_flight) + reserved + ticket.need <= budget:
             return True
         return not self.running and reserved == 0  # over the budget, within the pool: alone
 
-    def _blocked_by_count(self, ticket: Ticket) -> bool:
+    def _blocked_by_count(self, ticket: Ticket, long_running: int | None = None) -> bool:
         cap = self.limits.max_concurrency
         if cap and len(self.running) >= cap:
             return True
-        return ticket.long and self.long_running >= self.limits.long_lane
+        lane = self.long_running if long_running is None else long_running
+        return ticket.long and lane >= self.limits.long_lane
 
     def _pump(self, now: float) -> list[Ticket]:
-        if self.held(now) or self.pool is None:
+        if self.held(now) or self.pool is None or not self.queue:
             return []
         admitted: list[Ticket] = []
         reserved = 0
+        in_flight, long_running = self.in_flight_tokens, self.long_running  # kept as it admits
         for ticket in list(self.queue):
-            if self._blocked_by_count(ticket):
+            if self._blocked_by_count(ticket, long_running):
                 continue
-            if self._fits(ticket, reserved):
+            if self._fits(ticket, reserved, in_flight):
                 self.queue.remove(ticket)
                 ticket.state = "admitted"
                 ticket.admitted_at = now
                 self.running[ticket.id] = ticket
                 admitted.append(ticket)
+                in_flight += ticket.need
+                long_running += ticket.long
                 self._count("admitted", "long" if ticket.long else "short")
             elif reserved == 0:
                 reserved = ticket.need  # the first that waits for room: nothing may delay it

@@ -42,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tunerd.config import Config, GateConfig
-from tunerd.gate.admission import GATE_KNOBS, Admission, Limits, Pool, Ticket, Verdict
+from tunerd.gate.admission import GATE_KNOBS, Admission, Limits, Pool, Ticket, Verdict, need_tokens
 from tunerd.gate.counting import (
     ENDPOINTS,
     CountError,
@@ -70,6 +70,8 @@ DOWN_REFRESH_S = 0.25  # and this often while it does not
 TICK_S = 0.05  # how often waits are checked against their deadlines
 CONTROL_TIMEOUT_S = 5.0  # the gate's own calls to the engine: /tokenize, /metrics, /v1/models
 SMALL_ANSWER = 1 << 20  # a JSON answer up to this size is read whole (its usage checked)
+REFINE_ABOVE = 0.5  # a bound is counted exactly once the needs in flight pass this share of the budget
+COUNT_SAMPLE = 16  # and one bound in this many, to keep the count's error measured
 TAIL_BYTES = 8192  # what of a stream is kept to find its usage event
 BODY_TIMEOUT_S = 30.0  # a client has this long to send its body (slowloris)
 UPSTREAM_READ_S = 600.0  # the engine may be silent this long mid-answer (a long prefill)
@@ -137,6 +139,7 @@ class EngineGate:
         self.waiters: dict[int, _Waiter] = {}
         self.engine_up: bool | None = None  # None: not asked yet
         self.ids = itertools.count(1)
+        self.sampled = itertools.count()  # every COUNT_SAMPLE-th bound is counted exactly
         self.session: aiohttp.ClientSession | None = None
         self.address: str | None = None
         self.wakeup = asyncio.Event()  # set when the engine should be read again at once
@@ -274,6 +277,10 @@ class EngineGate:
         return await self._gated(request, endpoint)
 
     async def _body(self, request: web.Request) -> bytes:
+        """The whole body; a client that has not sent it within ``BODY_TIMEOUT_S`` gets 408
+        (a body already received — the usual case — is read without a timer)."""
+        if request.content.is_eof():
+            return await request.read()
         return await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
 
     async def _gated(self, request: web.Request, endpoint: str) -> web.StreamResponse:
@@ -311,7 +318,11 @@ class EngineGate:
         refine: asyncio.Task[None] | None = None
         if not ticket.exact:
             if self.admission.could_admit(ticket, ticket.arrival):
-                refine = asyncio.create_task(self._refine(ticket, plan))  # the bound fits: count on the side
+                # the bound fits: it goes ahead on the bound, and is counted exactly on the side
+                # once the pool is half spoken for (below that no decision depends on it), and
+                # one request in COUNT_SAMPLE always (the count's error stays measured)
+                if self._pool_pressed(ticket) or next(self.sampled) % COUNT_SAMPLE == 0:
+                    refine = asyncio.create_task(self._refine(ticket, plan))
             else:
                 await self._count_exactly(ticket, plan)
         counted = time.perf_counter()
@@ -339,6 +350,16 @@ class EngineGate:
                 refine.cancel()
             self.waiters.pop(ticket.id, None)
             self._wake(self.admission.done(ticket, self.monotonic()))
+
+    def _pool_pressed(self, ticket: Ticket) -> bool:
+        """Whether the needs in flight, with ``ticket``'s bound, pass half the budget: from
+        there on a bound's excess could keep another request waiting."""
+        budget = self.admission.budget
+        if budget is None:
+            return True
+        pool = self.admission.pool
+        bound = need_tokens(ticket.prompt_tokens, ticket.max_tokens, pool) if pool is not None else 0
+        return self.admission.in_flight_tokens + bound > budget * REFINE_ABOVE
 
     def _priority(self, request: web.Request) -> int:
         value = request.headers.get(self.config.priority_header)

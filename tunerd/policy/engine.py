@@ -30,12 +30,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tunerd import detect
+from tunerd.gate.tuning import GateResult, apply_gate
 from tunerd.outcomes import Health, Mode, PolicyStatus
 from tunerd.policy.schema import (
     AllOf,
     AnyOf,
     EventCondition,
     FirstOfAction,
+    GateAction,
     HoldAction,
     MetricCondition,
     NoEventCondition,
@@ -94,6 +96,9 @@ class EngineContext:
     #: knob → (target, why, prediction): what a ``tune: {knob: fit}`` moves to, computed from
     #: the calibrated box (:func:`tunerd.planner.calibration.fits`); absent: nothing calibrated
     fits: Mapping[str, tuple[Any, str, Mapping[str, Any] | None]] = field(default_factory=dict)
+    #: the engine's gate's live limits (``target_fraction``…); None when it has no gate (a
+    #: ``gate:`` action does not apply), empty when the gate did not answer (it says so)
+    gate: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,10 +146,16 @@ class ActionPlan:
     #: a memory policy asks for a restart now (not in a quiet moment): it waits out the settle
     #: period after the last restart instead of being dropped by it
     urgent: bool = False
+    #: what ``gate:`` actions ask of the engine's gate: applied live, no restart
+    gate: tuple[GateResult, ...] = ()
 
     @property
     def changes(self) -> dict[str, tuple[Any, Any]]:
         return {tune.knob: (tune.before, tune.after) for tune in self.tunes if tune.changed}
+
+    @property
+    def gate_changes(self) -> dict[str, tuple[Any, Any]]:
+        return {result.knob: (result.before, result.after) for result in self.gate if result.changed}
 
 
 def new_states(policies: Sequence[Policy]) -> dict[str, PolicyState]:
@@ -342,6 +353,25 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
     rollback = hold = False
     notify: list[NotifyRequest] = []
     reasons: list[str] = []
+    gate: list[GateResult] = []
+    gated: set[str] = set()
+
+    def gate_limits(knobs: Mapping[str, Any], dry: bool = False) -> list[GateResult]:
+        if context.gate is None:
+            return []  # no gate in front of this engine: the action does not apply to it
+        results = []
+        for knob, operation in knobs.items():
+            if knob in gated:
+                value = context.gate.get(knob)
+                results.append(
+                    GateResult(knob, value, value, f"gate {knob} already changed by an earlier policy")
+                )
+                continue
+            result = apply_gate(knob, operation, context.gate.get(knob), context.settings)
+            results.append(result)
+            if not dry and result.changed:
+                gated.add(knob)
+        return results
 
     def tune(knobs: Mapping[str, Any], dry: bool = False, fit_up: bool = True) -> list[TuneResult]:
         results = []
@@ -387,6 +417,11 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
                         f"{policy.name} (mode {_mode(policy, context.mode)}, proposed only): {r.reason}"
                         for r in tune(knobs, dry=True, fit_up=up)
                     ]
+                elif isinstance(action, GateAction):
+                    reasons += [
+                        f"{policy.name} (mode {_mode(policy, context.mode)}, proposed only): {r.reason}"
+                        for r in gate_limits(action.gate, dry=True)
+                    ]
             continue
         for action in policy.then:
             if isinstance(action, TuneAction):
@@ -415,6 +450,10 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
                 hold = True
             elif isinstance(action, NotifyAction):
                 notify.append(_notify(policy, action))
+            elif isinstance(action, GateAction):
+                limited = gate_limits(action.gate)
+                gate += limited
+                reasons += [f"{policy.name}: {result.reason}" for result in limited]
         tunes += policy_tunes
         reasons += [f"{policy.name}: {result.reason}" for result in policy_tunes]
         if wants_restart is not None:
@@ -425,6 +464,7 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
     if hold:
         reasons.append("hold: tuning stops; a person decides")
         tunes = [replace(t, after=t.before, reason=f"{t.reason} (dropped: hold)") for t in tunes]
+        gate = [replace(g, after=g.before, reason=f"{g.reason} (dropped: hold)") for g in gate]
         settings = dict(context.settings)
         restart = None
     elif rollback:
@@ -452,6 +492,7 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
         notify=tuple(notify),
         evidence={policy.name: evidence for policy, evidence in fired},
         reasons=tuple(reasons),
+        gate=tuple(gate),
     )
 
 
@@ -514,6 +555,8 @@ def evaluate(
             holds=holds,
             clear=result is not True and not pending,
         )
+    if context.gate is None:  # no gate in front: a policy that only retunes one does not apply
+        fired = [item for item in fired if not all(isinstance(a, GateAction) for a in item[0].then)]
     if not fired:
         return new, None
     try:

@@ -4,7 +4,7 @@ A file holds ``version: 1`` and ``policies:``. Each policy has ``when`` (a condi
 ``then`` (actions). Condition nodes are told apart by their key — ``metric``, ``signal``,
 ``event``, ``no_event``, ``all``, ``any``, ``not`` — and each is a pydantic model with
 ``extra="forbid"``; so are the actions (``tune``, ``first_of``, ``restart``, ``rollback``,
-``hold``, ``notify``). :func:`load_policy_file` reports *every* problem of a file, each as
+``hold``, ``notify``, ``gate``). :func:`load_policy_file` reports *every* problem of a file, each as
 ``file:line: policy 'name': when.all[0].for: invalid duration 'banana'``, and returns nothing
 when there is any (a file loads completely or not at all).
 """
@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from tunerd.diagnosis import CRASH_KINDS
+from tunerd.gate.tuning import gate_problem
 from tunerd.signals import SIGNALS
 from tunerd.tune import TUNABLES, tune_problem
 from tunerd.units import UnitError, parse_duration, parse_size
@@ -196,6 +197,12 @@ class HoldAction(_Strict):
     hold: bool = True
 
 
+class GateAction(_Strict):
+    """``gate: {target_fraction: 0.8 | step_down | step_up, ...}``: the engine's gate, live."""
+
+    gate: dict[str, str | int | float]
+
+
 class NotifySpec(_Strict):
     severity: Literal["info", "warning", "critical"] = "warning"
     to: list[str] | None = None
@@ -205,7 +212,7 @@ class NotifyAction(_Strict):
     notify: NotifySpec
 
 
-Action = TuneAction | FirstOfAction | RestartAction | RollbackAction | HoldAction | NotifyAction
+Action = TuneAction | FirstOfAction | RestartAction | RollbackAction | HoldAction | NotifyAction | GateAction
 
 
 class Policy(_Strict):
@@ -253,6 +260,7 @@ _ACTION_KEYS: dict[str, type[_Strict]] = {
     "rollback": RollbackAction,
     "hold": HoldAction,
     "notify": NotifyAction,
+    "gate": GateAction,
 }
 
 
@@ -364,6 +372,12 @@ class _Checker:
         model = self.model(cls, data, path)
         if isinstance(model, TuneAction):
             self._check_tune(data.get("tune"), (*path, "tune"))
+        if isinstance(model, GateAction):
+            if not model.gate:
+                self.problem((*path, "gate"), "expected a mapping of limit: value, step_down or step_up")
+            for knob, operation in model.gate.items():
+                if (problem := gate_problem(knob, operation)) is not None:
+                    self.problem((*path, "gate", knob), problem)
         return model
 
     def _check_tune(self, tune: Any, path: tuple[str | int, ...]) -> None:
