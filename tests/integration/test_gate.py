@@ -140,6 +140,11 @@ def test_the_gates_own_answers_for_bad_input(world: GateWorld) -> None:
     assert no_max.status_code == 200
     huge = httpx.post(f"{world.url}/v1/completions", content=b"x" * (65 << 20), timeout=30)
     assert huge.status_code == 413
+    passed = httpx.post(
+        f"{world.url}/tokenize", content=b"x" * (65 << 20), timeout=30
+    )  # not gated: capped too
+    assert passed.status_code == 413
+    assert "max_body" in passed.json()["error"]["message"]  # the gate's own answer, in vLLM's shape
     ok = _post(f"{world.url}/v1/completions", {"prompt": "still serving", "max_tokens": 2})
     assert ok.status_code == 200
 

@@ -272,9 +272,23 @@ class EngineGate:
         if path == "/gate/metrics":
             return web.Response(body=generate_latest(self.registry()), content_type="text/plain")
         endpoint = ENDPOINTS.get(path.rstrip("/")) if request.method == "POST" else None
-        if endpoint is None:
-            return await self._pass(request, await self._body(request), time.perf_counter(), None)
-        return await self._gated(request, endpoint)
+        if endpoint is not None:
+            return await self._gated(request, endpoint)
+        try:
+            body = await self._body(request)
+        except (web.HTTPRequestEntityTooLarge, TimeoutError) as error:
+            return self._body_refused(error)
+        return await self._pass(request, body, time.perf_counter(), None)
+
+    def _body_refused(self, error: Exception) -> web.Response:
+        """413 for a body over ``max_body``, 408 for one that did not arrive in time."""
+        if isinstance(error, web.HTTPRequestEntityTooLarge):
+            return _error(
+                413,
+                f"the request body is larger than the gate's max_body of {self.config.max_body:,} bytes",
+                "BadRequestError",
+            )
+        return _error(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s", "BadRequestError")
 
     async def _body(self, request: web.Request) -> bytes:
         """The whole body; a client that has not sent it within ``BODY_TIMEOUT_S`` gets 408
@@ -287,16 +301,8 @@ class EngineGate:
         started = time.perf_counter()
         try:
             raw = await self._body(request)
-        except web.HTTPRequestEntityTooLarge:
-            return _error(
-                413,
-                f"the request body is larger than the gate's max_body of {self.config.max_body:,} bytes",
-                "BadRequestError",
-            )
-        except TimeoutError:
-            return _error(
-                408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s", "BadRequestError"
-            )
+        except (web.HTTPRequestEntityTooLarge, TimeoutError) as error:
+            return self._body_refused(error)
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
