@@ -10,7 +10,10 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tunerd.config import GateConfig
 from tunerd.exporter import ENGINE_STATES, Exporter, MetricsView
+from tunerd.gate.admission import Pool
+from tunerd.gate.proxy import EngineGate
 from tunerd.signals import SIGNALS
 
 ROOT = Path(__file__).parents[2]
@@ -104,7 +107,19 @@ def test_the_dashboard_asks_only_for_served_metrics() -> None:
     queries += [item["expr"] for item in dashboard["annotations"]["list"]]
     queries.append(dashboard["templating"]["list"][0]["query"])
     asked = {name for query in queries for name in re.findall(r"\btunerd_[a-z_]+\b", query)}
-    served = {name for name, _ in _samples()}
+    served = {name for name, _ in _samples()} | _gate_samples()  # the gate serves its own
     assert asked
     assert asked <= served, asked - served
     assert all(panel["datasource"]["uid"] == "${DS_PROMETHEUS}" for panel in dashboard["panels"])
+
+
+def _gate_samples() -> set[str]:
+    """The sample names ``tunerd gate`` serves at ``/gate/metrics`` (a gate with some history:
+    each histogram and counter has samples)."""
+    gate = EngineGate("main", "http://127.0.0.1:1", GateConfig(listen="127.0.0.1:8001"))
+    gate.admission.pool = Pool(num_blocks=4096, block_size=16, max_model_len=32768)
+    gate.admission.counts[("admitted", "short")] += 1
+    for histogram in (gate.wait_seconds, gate.added_seconds, gate.count_error):
+        histogram.labels("main").observe(0.001)
+    page = generate_latest(gate.registry()).decode()
+    return {sample.name for family in text_string_to_metric_families(page) for sample in family.samples}
