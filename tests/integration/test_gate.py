@@ -259,6 +259,9 @@ def test_requests_wait_for_an_engine_that_is_down_and_run_when_it_is_back(tmp_pa
         thread.start()
         time.sleep(0.5)
         assert not results
+        passed = httpx.get(f"{world.url}/v1/models", timeout=10)  # not gated: said at once
+        assert passed.status_code == 502
+        assert "is not answering" in passed.json()["error"]["message"]
         world.restart_sim(*SEED_ENGINE)
         wait_healthy(world.engine_url)
         thread.join(30)
