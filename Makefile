@@ -74,6 +74,8 @@ bench: $(STAMP)
 	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_detect.py 5
 	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_respawn.py
 	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_converge.py 3
+	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_gate.py
+	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_gate_restart.py
 	$(BIN)/python bench/table.py $(FIGURES)
 
 # ruff, mypy, and the layers: import-linter's contracts (pyproject.toml) keep the flow one way
