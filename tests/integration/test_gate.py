@@ -289,6 +289,9 @@ def test_gate_status_and_the_command_lines_errors(world: GateWorld, tmp_path: Pa
     assert shown.stdout.startswith("main  open  listen 127.0.0.1:")
     as_json = json.loads(run_tunerd("gate", "status", "--json", "--config", str(world.config)).stdout)
     assert as_json["engines"]["main"]["pool_tokens"] > 0
+    before = run_tunerd("gate", "--config", str(world.config), "status")  # the option before the action
+    assert before.returncode == 0, before.stderr
+    assert before.stdout.startswith("main  open  listen 127.0.0.1:")
     ungated = tmp_path / "ungated.yaml"
     ungated.write_text("engines:\n  - name: main\n    command: [vllm, serve, m]\n")
     refused = run_tunerd("gate", "--config", str(ungated))

@@ -36,17 +36,21 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
             "in their own lane; the rest wait in a bounded queue (429 with Retry-After when it is "
             "full, 503 after max_wait). tunerd holds new requests here while it restarts the engine."
         ),
-        epilog="Example: tunerd gate --config /etc/tunerd/config.yaml   (docs/gate.md)",
+        epilog=(
+            "Examples: 'tunerd gate --config /etc/tunerd/tunerd.yaml' serves (systemd runs this); "
+            "'tunerd gate status --config /etc/tunerd/tunerd.yaml' asks a running gate. docs/gate.md"
+        ),
     )
     parser.add_argument(
         "--config", default=DEFAULT_CONFIG, help=f"the config file (default {DEFAULT_CONFIG})"
     )
-    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions = parser.add_subparsers(dest="action", metavar="[status]", title="without an action it serves")
     status = actions.add_parser(
         "status", help="what a running gate holds: per engine its pool, queue, limits, decisions"
     )
+    # SUPPRESS: `tunerd gate --config F status` keeps F (a sub-command's default would replace it)
     status.add_argument(
-        "--config", default=DEFAULT_CONFIG, help=f"the config file (default {DEFAULT_CONFIG})"
+        "--config", default=argparse.SUPPRESS, help=f"the config file (default {DEFAULT_CONFIG})"
     )
     status.add_argument("--json", action="store_true", help="the control socket's answer as it is")
     parser.set_defaults(handler=_gate, prog=parser.prog)
