@@ -145,6 +145,8 @@ class Admission:
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     _finished: deque[tuple[float, int]] = field(default_factory=deque)
     _since: float | None = None  # the first request: the drain rate's window starts no earlier
+    #: waiting requests an offer let run besides its own (see :meth:`announce`)
+    unannounced: list[Ticket] = field(default_factory=list)
 
     # -- what is in flight -------------------------------------------------------------
     @property
@@ -185,7 +187,8 @@ class Admission:
         ticket.state = "queued"
         self.queue.append(ticket)
         self._order()
-        self._pump(now)
+        # others may run too (a hold that ran out since the last tick): the proxy wakes them
+        self.unannounced += [t for t in self._pump(now) if t is not ticket]
         if ticket.id in self.running:
             return Verdict("admitted", "long" if ticket.long else "short")
         waiting = [t for t in self.queue if t is not ticket]
@@ -211,6 +214,12 @@ class Admission:
         why = self._why_waiting(ticket, now)
         self._count("held" if why == "held" else "queued", why)
         return Verdict("queued", why)
+
+    def announce(self) -> list[Ticket]:
+        """The waiting requests an :meth:`offer` admitted besides the one offered (their
+        waiters must be woken), once."""
+        found, self.unannounced = self.unannounced, []
+        return found
 
     def could_admit(self, ticket: Ticket, now: float) -> bool:
         """Whether ``ticket``, sized as it is, would be admitted at once (nothing changes):
@@ -254,12 +263,17 @@ class Admission:
         return self._pump(now)
 
     def expire(self, now: float) -> list[tuple[Ticket, Verdict]]:
-        """The waiting requests whose time is up, each with its 503; a hold past its ``max``
-        ends, answering 503 to everything that waited for it."""
+        """The waiting requests whose time is up, each with its 503. A hold whose length ran
+        out ends (the caller pumps); one that reached its ``max`` ends answering 503 to
+        everything that waited for it."""
         out: list[tuple[Ticket, Verdict]] = []
         if self.held_until is not None and now >= self.held_until:
-            for ticket in list(self.queue):
-                out.append((ticket, self._time_out(ticket, now, "hold_expired")))
+            # the hold's own length ran out without a release: it ends, and they run (or wait
+            # for the engine); only one that reached ``hold.max`` answers them 503
+            started = self.held_since if self.held_since is not None else self.held_until
+            if self.held_until >= started + self.limits.hold_max - 1e-6:
+                for ticket in list(self.queue):
+                    out.append((ticket, self._time_out(ticket, now, "hold_expired")))
             self._lift(now)
         if not self.held(now):
             for ticket in [t for t in self.queue if now >= t.deadline]:

@@ -334,6 +334,7 @@ class EngineGate:
         counted = time.perf_counter()
         try:
             verdict = self.admission.offer(ticket, self.monotonic())
+            self._wake(self.admission.announce())
             waited = 0.0
             while True:
                 if verdict.outcome == "queued":

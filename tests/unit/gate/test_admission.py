@@ -203,3 +203,27 @@ def test_a_request_the_engine_could_not_take_goes_back_to_the_head() -> None:
     admission.requeue(first, 2.0)
     assert admission.queue == [first, second]
     assert admission.running == {}
+
+
+def test_an_offer_that_lets_waiting_requests_run_announces_them() -> None:
+    """A hold that ran out between two ticks: the next offer's pump admits the requests that
+    waited for it, and says so (their waiters must be woken, or they wait on while counted
+    as running)."""
+    admission = gate()
+    admission.hold(0.0, 60.0)
+    waited = ticket(100, at=1.0)
+    assert admission.offer(waited, 1.0).reason == "held"
+    newcomer = ticket(100, at=60.01)
+    assert admission.offer(newcomer, 60.01).outcome == "admitted"  # expire() has not run yet
+    assert admission.announce() == [waited]
+    assert admission.announce() == []  # once
+
+
+def test_a_hold_whose_own_length_runs_out_lets_them_run_only_its_max_answers_503() -> None:
+    admission = gate(hold_max=600.0, max_wait=30.0)
+    admission.hold(0.0, 10.0)  # tunerd asked for 10 s and never released
+    waiting = ticket(100, at=1.0)
+    admission.offer(waiting, 1.0)
+    assert admission.expire(10.0) == []  # not turned away: the hold just ends
+    assert not admission.held(10.0)
+    assert admission.pump(10.0) == [waiting]
