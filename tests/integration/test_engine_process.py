@@ -376,6 +376,9 @@ def test_every_spelling_of_a_command_is_found_again_after_exec(tmp_path: Path) -
             assert runs_as(spawned, seen), (how, seen)
             assert not runs_as([*command, *flags[:-1], "60"], seen), how  # another drain: another engine
             found = find_spawned(spawned)
+            while found is None and time.monotonic() < deadline:  # caught mid-exec (env → python)
+                time.sleep(0.01)
+                found = find_spawned(spawned)
             assert found is not None, how
             assert (found.pid, found.start_ticks) == (engine.pid, engine.identity.start_ticks), how
         finally:
