@@ -30,9 +30,8 @@ import json
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -726,7 +725,7 @@ def _merged(gates: Iterable[EngineGate]) -> Iterator[Any]:
     yield from families.values()
 
 
-async def _serve(config: Config, ready: Callable[[GateServer], Awaitable[None]] | None = None) -> int:
+async def _serve(config: Config) -> int:
     server = GateServer(config)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -740,8 +739,6 @@ async def _serve(config: Config, ready: Callable[[GateServer], Awaitable[None]] 
         return 1
     notifier = Notifier()
     notifier.ready(f"gating {', '.join(server.gates)}")
-    if ready is not None:
-        await ready(server)
     await stop.wait()
     notifier.stopping()
     say("gate_stopping", in_flight=sum(len(g.admission.running) for g in server.gates.values()))
@@ -755,8 +752,3 @@ def run_gate(config: Config) -> int:
         say("gate_start_failed", error="no engine in the config has a gate: block (docs/gate.md)")
         return 2
     return asyncio.run(_serve(config))
-
-
-def control_socket(config: Config) -> Path:
-    """The gate's control socket for ``config`` (tunerd and ``tunerd gate`` agree on it)."""
-    return config.gate_control()
