@@ -84,6 +84,12 @@ def start_sim(port: int, *args: str, scale: str = "50") -> Process:
     return Process(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
 
 
+def start_gate(config: Path | str) -> Process:
+    """``tunerd gate --config CONFIG``, as the unit runs it."""
+    command = [*TUNERD, "gate", "--config", str(config)]
+    return Process(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+
 def wait_healthy(url: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -155,14 +161,7 @@ def gate_world(tmp_path: Path, *sim_args: str, start_engine: bool = True, **gate
     engine_url = f"http://127.0.0.1:{engine_port}"
     if start_engine:
         wait_healthy(engine_url)
-    process = Process(
-        subprocess.Popen(
-            [*TUNERD, "gate", "--config", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    )
+    process = start_gate(config)
     world = GateWorld(sim, process, engine_url, f"http://127.0.0.1:{port}", control, config, engine_port)
     try:
         process.wait_event("gate_control_listening")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,12 +20,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.cli import TUNERD, run_tunerd
+from tests.integration.cli import run_tunerd
 from tests.integration.gate_world import (
     SEED_ENGINE,
     GateWorld,
-    Process,
     gate_world,
+    start_gate,
     start_sim,
     wait_healthy,
     words,
@@ -325,14 +324,7 @@ def test_a_restart_by_tunerd_holds_new_requests_at_the_gate_and_none_fails(tmp_p
             supervisor.restart(AFTER, reason="kv-pool-saturated: max_num_seqs 8 → 6").outcome == "succeeded"
         )
 
-    gate = Process(
-        subprocess.Popen(
-            [*TUNERD, "gate", "--config", str(tmp_path / "tunerd.yaml")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    )
+    gate = start_gate(str(tmp_path / "tunerd.yaml"))
     url = f"http://127.0.0.1:{gate_port}"
     codes: list[int] = []
     stop = threading.Event()
@@ -408,14 +400,7 @@ def test_a_policys_gate_action_retunes_the_running_gate_live_and_is_recorded(tmp
         top={"metrics": {"interval": "250ms"}},
         gate={"listen": f"127.0.0.1:{gate_port}", "control": str(control)},
     )
-    gate = Process(
-        subprocess.Popen(
-            [*TUNERD, "gate", "--config", str(tmp_path / "tunerd.yaml")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    )
+    gate = start_gate(str(tmp_path / "tunerd.yaml"))
     try:
         gate.wait_event("gate_control_listening")
         with running(daemon):
@@ -461,14 +446,7 @@ def test_the_config_in_docs_gate_md_runs_as_written(tmp_path: Path) -> None:
     ]
     assert commands == ["tunerd gate status --config /etc/tunerd/tunerd.yaml"]
     sim = start_sim(engine_port, *SEED_ENGINE)
-    gate = Process(
-        subprocess.Popen(
-            [*TUNERD, "gate", "--config", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    )
+    gate = start_gate(str(config))
     try:
         gate.wait_event("gate_engine_up")
         argv = commands[0].replace("/etc/tunerd/tunerd.yaml", str(config)).split()[1:]
