@@ -69,6 +69,7 @@ def write_config(
     bounds: dict[str, list[Any]],
     policies: list[dict[str, Any]],
     probation: str = "5s",
+    gate: dict[str, Any] | None = None,
 ) -> Path:
     policy_file = tmp_path / "policies.yaml"
     policy_file.write_text(yaml.safe_dump({"version": 1, "policies": policies}, sort_keys=False))
@@ -87,6 +88,7 @@ def write_config(
             "drain": "30s",
             "startup_timeout": "240s",
             "probation": probation,
+            **({"gate": gate} if gate is not None else {}),
         },
         "gpu": {"source": "none"},  # the CPU build has no GPU to read (DESIGN §7)
         "metrics": {"interval": "500ms"},

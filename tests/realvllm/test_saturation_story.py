@@ -25,11 +25,20 @@ The story, with one tunerd and the engines it starts:
    the load balancer first);
 6. tunerd is stopped with SIGTERM: the engine keeps serving; a new tunerd adopts it (same PID,
    no restart).
+
+``tunerd gate`` (issue 19) stands in front of the same engine all along, and two more clients
+send short completions through it: tunerd holds the gate at the restart, so the requests they
+send during the drain and the new engine's start-up wait and are served, none fails — the
+same moments the direct clients of step 5 see refused. After the story, with the load gone,
+the real engine behind the gate streams a chat answer chunk by chunk, the gate's prompt count
+matches the engine's ``usage.prompt_tokens`` (its own tokenizer and chat template), and a client
+that leaves mid-stream stops the engine's generation.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -42,6 +51,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.integration.gate_world import Process, metric, start_gate
 from tests.metrics_pages import families, series
 from tests.realvllm.harness import (
     ENGINE,
@@ -81,6 +91,9 @@ class Story:
     tunerd: Tunerd
     first_pid: int
     requests: list[Request]
+    gate: Process
+    gate_url: str
+    gated: list[Request]  # what the clients behind the gate sent
     page_under_load: str = ""  # the real engine's /metrics while the clients run
 
     @property
@@ -91,8 +104,8 @@ class Story:
 @pytest.fixture(scope="module")
 def story(vllm: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
     tmp = tmp_path_factory.mktemp("saturation")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    port, gate_port = free_port(), free_port()
+    url, gate_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{gate_port}"
     config = write_config(
         tmp,
         python=vllm,
@@ -101,24 +114,31 @@ def story(vllm: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
         settings=SETTINGS,
         bounds={"max_num_seqs": [2, 16]},
         policies=[shipped_policy("kv-pool-saturated", **{"for": "0s"})],
+        gate={"listen": f"127.0.0.1:{gate_port}", "control": str(tmp / "gate.sock")},
     )
-    story = Story(tmp, url, Tunerd(config), first_pid=0, requests=[])
+    story = Story(tmp, url, Tunerd(config), 0, [], start_gate(config), gate_url, [])
     try:
+        story.gate.wait_event("gate_control_listening")
         story.tunerd.wait_event("restart_finished", timeout=300, where=lambda e: e["kind"] == "first_start")
         wait_healthy(url, timeout=30)
+        story.gate.wait_event("gate_engine_up", timeout=30)
         story.first_pid = engine_record(story.state_dir).pid
         load = Load(url, workers=16, words=200, max_tokens=1000, pause=2.0).start()
+        gated = Load(gate_url, workers=2, words=20, max_tokens=20, pause=1.0, seed=1).start()
         time.sleep(5)  # the clients' first requests in flight
         story.page_under_load = httpx.get(url + "/metrics", timeout=10).text
         try:
             story.tunerd.wait_event("engine_tuned", timeout=420)
+            time.sleep(3)  # the clients behind the gate, served by the new engine
         except AssertionError as error:
             raise AssertionError(f"{error}\nthe pool meanwhile:\n{load.pool()}") from None
         finally:
             story.requests = load.stop()
+            story.gated = gated.stop()
         yield story
     finally:
         story.tunerd.stop()  # the one running now: a test may have started another
+        story.gate.stop()
         kill_engine(story.state_dir)
 
 
@@ -188,6 +208,108 @@ def test_in_flight_requests_survive_the_drain(story: Story) -> None:
         assert refused or aborted or r.whole(SETTINGS["max_model_len"]), around
     served_after = [r for r in story.requests if r.started > stopping and r.whole(SETTINGS["max_model_len"])]
     assert served_after, "the new engine served nothing:\n" + around
+
+
+def test_the_gate_held_its_clients_through_the_restart(story: Story) -> None:
+    """Issue 19: the same restart, seen by the clients behind the gate — nothing failed, and
+    what they sent while the engine drained and started again waited and was served by the
+    new one; the direct clients' requests of those moments failed."""
+    stopping = story.tunerd.wait_event("restart_step", 0, lambda e: e["step"] == "stopping")["at"]
+    serving = story.tunerd.wait_event("restart_step", 0, lambda e: e["step"] == "probation")["at"]
+    assert story.tunerd.wait_event("gate_hold", 0)["seconds"] > 30  # the drain and a start-up
+    story.tunerd.wait_event("gate_release", 0)
+    around = _around(story.gated, stopping)
+    assert story.gated, "no request went through the gate"
+    failed = [r for r in story.gated if not r.whole(SETTINGS["max_model_len"]) or r.detail]
+    assert not failed, around
+    # sent once the hold was on (a second after the step, which holds before the SIGTERM),
+    # before the new engine served: each waited at the gate and got its first token from it
+    held = [r for r in story.gated if stopping + 1 < r.started < serving]
+    assert held, around
+    assert all(r.first_token is not None and r.first_token > serving - 1 for r in held), around
+    direct = [r for r in story.requests if stopping + 1 < r.started < serving]
+    # (the new engine may serve a direct one in the moments before tunerd has seen it healthy)
+    assert any(not r.whole(SETTINGS["max_model_len"]) for r in direct), _around(story.requests, stopping)
+
+
+def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does(story: Story) -> None:
+    """Through the gate, the real engine: a chat answer comes chunk by chunk as it is generated,
+    and the gate's prompt count (the engine's ``/tokenize`` with the chat template) is the
+    engine's ``usage.prompt_tokens`` — chat streamed, completions plain."""
+    # a budget smaller than any of these requests' byte bounds: the gate counts each exactly
+    # before admitting it (with the default budget it would count one in sixteen)
+    assert _limits(story, {"target_fraction": 0.02}).status_code == 200
+    try:
+        messages = [
+            {"role": "system", "content": "you answer in words of the corpus"},
+            {"role": "user", "content": "tell me about the engine and the gate in front of it"},
+        ]
+        body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 300, "ignore_eos": True}
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        content: list[float] = []  # when each content chunk came
+        usage: dict[str, Any] = {}
+        with httpx.stream("POST", story.gate_url + "/v1/chat/completions", json=body, timeout=120) as answer:
+            assert answer.status_code == 200, answer.read()
+            for line in answer.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data: ") :])
+                if any(choice["delta"].get("content") for choice in chunk.get("choices", [])):
+                    content.append(time.monotonic())
+                usage = chunk.get("usage") or usage
+        assert usage["completion_tokens"] == 300
+        assert len(content) >= 250  # a chunk a token (a few tokens decode to no text)
+        assert content[-1] - content[0] > 0.3  # they came as generated, not at the end in one piece
+        assert abs(_gate_status(story)["last_count_error_ratio"]) <= 0.02, usage
+        plain = {"model": MODEL_NAME, "prompt": "the gate counts what the engine counts", "max_tokens": 4}
+        answer = httpx.post(story.gate_url + "/v1/completions", json=plain, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert abs(_gate_status(story)["last_count_error_ratio"]) <= 0.02, answer.json()["usage"]
+        counted = metric(
+            httpx.get(story.gate_url + "/gate/metrics", timeout=5).text, "tunerd_gate_count_error_ratio_count"
+        )
+        assert counted >= 2
+    finally:
+        assert _limits(story, {"target_fraction": 0.9}).status_code == 200
+
+
+def test_a_client_that_leaves_mid_stream_stops_the_engines_generation(story: Story) -> None:
+    """The client goes after a few tokens of a 1,500-token answer: the gate drops its upstream
+    connection, vLLM aborts the request, its running count falls to 0 and it generates no more."""
+
+    def generated() -> float:
+        return metric(httpx.get(story.url + "/metrics", timeout=10).text, "vllm:generation_tokens_total")
+
+    before = generated()
+    body = {"model": MODEL_NAME, "prompt": "a long answer please", "max_tokens": 1500, "ignore_eos": True}
+    with httpx.stream(
+        "POST", story.gate_url + "/v1/completions", json={**body, "stream": True}, timeout=120
+    ) as answer:
+        assert answer.status_code == 200
+        seen = 0
+        for line in answer.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 5:
+                break  # and leave: the stream is closed here
+    deadline = time.monotonic() + 15
+    while metric(httpx.get(story.url + "/metrics", timeout=10).text, "vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline, "the engine still runs the request its client left"
+        time.sleep(0.1)
+    settled = generated()
+    time.sleep(1.0)
+    assert generated() == settled
+    assert settled - before < 1500
+
+
+def _limits(story: Story, limits: dict[str, Any]) -> httpx.Response:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(story.tmp / "gate.sock")), timeout=5) as client:
+        return client.post(f"http://gate/engines/{ENGINE}/limits", json=limits)
+
+
+def _gate_status(story: Story) -> dict[str, Any]:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(story.tmp / "gate.sock")), timeout=5) as client:
+        engines: dict[str, Any] = client.get("http://gate/status").json()["engines"]
+        return dict(engines[ENGINE])
 
 
 def test_sigterm_leaves_the_engine_serving_and_a_new_tunerd_adopts_it(story: Story) -> None:

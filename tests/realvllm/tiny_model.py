@@ -12,8 +12,8 @@ Shape (chosen for vLLM's CPU attention, which needs ``head_dim >= 32``):
   (``--kv-cache-memory-bytes 4194304`` is a pool of 4,096 tokens);
 * random weights (normal, std 0.02, fixed seed), saved as ``model.safetensors`` in bfloat16;
 * a byte-level BPE tokenizer (vocabulary of about 2,000) trained on the spot from a
-  deterministic built-in corpus, saved as ``tokenizer.json`` with a chat-less
-  ``tokenizer_config.json``.
+  deterministic built-in corpus, saved as ``tokenizer.json``, and a ``tokenizer_config.json``
+  with a plain ``role: content`` chat template (for ``/v1/chat/completions``).
 
 Everything is deterministic: the same ``outdir`` contents come out on every run with the
 same library versions.
@@ -48,6 +48,11 @@ MAX_POSITION_EMBEDDINGS = 8192
 TARGET_VOCAB_SIZE = 2000
 WEIGHT_STD = 0.02
 SEED = 1234
+#: each message as "role: content" on its own line, then "assistant:" when asked for
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 BOS_TOKEN = "<s>"
 EOS_TOKEN = "</s>"
@@ -142,7 +147,9 @@ def _train_tokenizer(outdir: Path) -> int:
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": MAX_POSITION_EMBEDDINGS,
-        # Deliberately no "chat_template": only /v1/completions is meant to be used.
+        # A plain role-colon template, so /v1/chat/completions and /tokenize with messages run
+        # (the gate counts chat prompts with the engine's own template)
+        "chat_template": CHAT_TEMPLATE,
     }
     _write_json(outdir / "tokenizer_config.json", tokenizer_config)
     _write_json(
