@@ -206,9 +206,18 @@ class Actor:
         after = {knob: new for knob, (_, new) in changes.items()}
         words = ", ".join(f"{knob} {old} → {new}" for knob, (old, new) in changes.items())
         reason = "; ".join(plan.reasons)
+        record = self.state.engine(loop.name)
+        refusal = None
+        if record is not None and record.pinned:
+            refusal = "pinned (tunerd resume to continue)"
+        elif record is not None and record.paused:
+            refusal = f"tuning paused: {record.paused} (tunerd resume to continue)"
         if plan.mode != Mode.ACT:
             outcome = "proposed" if plan.mode == Mode.ADVISE else "skipped"
             did, detail = (Did.PROPOSED if plan.mode == Mode.ADVISE else Did.OBSERVED), ""
+        elif refusal is not None:  # a person's word holds for the gate as for the settings
+            outcome, did, detail = "skipped", Did.REFUSED, f"gate not changed: {refusal}"
+            reason = f"{reason}; not applied: {refusal}"
         else:
             error = self.retune_gate(loop.name, after)
             outcome = "succeeded" if error is None else "failed"
@@ -392,7 +401,9 @@ class Actor:
     # -- people's word -------------------------------------------------------------------------------
     def rollback_asked(self, loop: EngineLoop) -> bool:
         """Carry out the newest ``tunerd rollback`` for this engine (older ones are
-        superseded), in every mode: it is a person's word. True when one began."""
+        superseded), in every mode: it is a person's word. True when a restart began (a
+        rollback of the gate's limits is done at once and restarts nothing)."""
+        self._gate_rollback_asked(loop)
         asked = self.state.requested_rollbacks(loop.name)
         if not asked or self.gpu_busy(loop) is not None:
             return False
@@ -410,6 +421,30 @@ class Actor:
             return False
         self.say("engine_rolling_back", engine=loop.name, reason=newest["reason"])
         return True
+
+    def _gate_rollback_asked(self, loop: EngineLoop) -> None:
+        """A person's ``tunerd rollback`` of a gate change: the limits before it, set live."""
+        asked = self.state.requested_rollbacks(loop.name, kind="gate")
+        if not asked:
+            return
+        now = self.clock.now()
+        for stale in asked[:-1]:
+            self.state.update_action(
+                stale["id"], "skipped", now, f"{stale['reason']}; superseded by a later rollback"
+            )
+        newest = asked[-1]
+        limits = dict(newest["to_settings"])
+        error = self.retune_gate(loop.name, limits)
+        if error is None:
+            self.state.update_action(newest["id"], "succeeded", now)
+            if loop.gate is not None:  # until the next tick reads it
+                loop.gate = {**loop.gate, "limits": {**loop.gate.get("limits", {}), **limits}}
+        else:
+            self.state.update_action(
+                newest["id"], "failed", now, f"{newest['reason']}; the gate did not take it: {error}"
+            )
+        outcome = "succeeded" if error is None else "failed"
+        self.say("gate_rolled_back", engine=loop.name, outcome=outcome, limits=limits, error=error)
 
     def people_win(self, loop: EngineLoop) -> None:
         """A person changed the engine's settings or command in the config since tunerd last

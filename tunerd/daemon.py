@@ -47,6 +47,7 @@ from tunerd.engine.saga import EngineSpec, Runner, Supervisor
 from tunerd.engine.unit import SystemdRunner
 from tunerd.exporter import Exporter, MetricsView
 from tunerd.gate.client import GateClient
+from tunerd.gate.tuning import fit_fraction
 from tunerd.gpu import GpuReading, GpuSample
 from tunerd.notify.alert import Alert, Severity
 from tunerd.notify.dispatch import Dispatcher
@@ -94,6 +95,7 @@ RESTART_FIELDS = ("engines", "state_dir", "gpu", "listen", "clock")
 HOUSEKEEPING_S = 60.0  # engine logs rotated by size, the state's write-ahead log folded in
 SAGA_S = 0.25  # how often restarts in flight are advanced
 GATE_HOLD_MARGIN_S = 60.0  # a restart holds the gate for the drain, the start-up and this
+GATE_FIT_FRESH_S = 30.0  # a pool reading older than this is not fitted by
 ROOM_READING_AGE_S = 1.0  # a GPU reading at most this old answers a start's room check
 LOG_MAX_BYTES = 64 << 20
 LOG_PASS_S = 1.0  # how often the engines' new log lines are passed into tunerd's log
@@ -1096,6 +1098,25 @@ class Daemon:
             return
         loop.observation_saved = observation
 
+    def _gate_fits(self, loop: EngineLoop) -> dict[str, tuple[Any, str]]:
+        """The computed ``gate: {target_fraction: fit}``: from the gate's admitted need (its
+        status at this tick) and the engine's pool usage (its latest reading)."""
+        status = loop.gate
+        current = _number(_gate_limits(status).get("target_fraction"))
+        if status is None or current is None:
+            return {}
+        usage = self.store.latest("kv_cache_usage", loop.name)
+        if usage is not None and self.clock.now() - usage.time > GATE_FIT_FRESH_S:
+            usage = None  # a reading from before the engine went quiet says nothing of now
+        in_flight, pool = _number(status.get("in_flight_tokens")), _number(status.get("pool_tokens"))
+        fitted = fit_fraction(
+            current,
+            None if in_flight is None else int(in_flight),
+            None if pool is None else int(pool),
+            None if usage is None else usage.value,
+        )
+        return {"target_fraction": fitted}
+
     def _fits(self, loop: EngineLoop, settings: Mapping[str, Any]) -> dict[str, tuple[Any, str, Any]]:
         """The ``fit`` targets for the engine's knobs, from the latest observation of it."""
         fit = self.config.fit
@@ -1210,6 +1231,7 @@ class Daemon:
             observed_since=loop.observed_since,
             fits=self._fits(loop, settings),
             gate=_gate_limits(loop.gate) if loop.config.gate is not None else None,
+            gate_fits=self._gate_fits(loop),
         )
         loop.policy_states, plan = evaluate(self.policies, loop.policy_states, self.store, context, now)
         if plan is not None and plan.changes and plan.prediction is None:
@@ -1305,6 +1327,10 @@ class Daemon:
                 del loop.notified[policy]
                 summary = f"{policy} no longer holds on {loop.name}"
                 self._send_alert(Outgoing(alert.resolved(now, summary), None, self.mode))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _gate_limits(gate: Mapping[str, Any] | None) -> dict[str, Any]:

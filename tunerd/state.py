@@ -692,13 +692,14 @@ class State:
         ).fetchall()
         return [(row["engine"], row["policy"], row["kind"], row["outcome"], int(row["n"])) for row in rows]
 
-    def requested_rollbacks(self, engine: str) -> list[dict[str, Any]]:
+    def requested_rollbacks(self, engine: str, kind: str = "rollback") -> list[dict[str, Any]]:
         """Rollbacks a person asked for (``tunerd rollback``) that no tunerd has carried out
-        yet, oldest first: ``id``, ``to_settings`` and ``reason``."""
+        yet, oldest first: ``id``, ``to_settings`` and ``reason``. ``kind`` ``rollback``: of the
+        engine's settings; ``gate``: of its gate's limits."""
         rows = self._read(
-            "SELECT id, to_settings, reason, evidence FROM actions WHERE engine = ? AND kind = 'rollback' "
+            "SELECT id, to_settings, reason, evidence FROM actions WHERE engine = ? AND kind = ? "
             "AND outcome = 'proposed' ORDER BY id",
-            (engine,),
+            (engine, kind),
         ).fetchall()
         return [
             {"id": row["id"], "to_settings": json.loads(row["to_settings"]), "reason": row["reason"]}
@@ -706,12 +707,19 @@ class State:
             if row["to_settings"] and json.loads(row["evidence"]).get("asked_by")
         ]
 
-    def last_change(self, engine: str) -> dict[str, Any] | None:
-        """The last settings change that took (a tune or a rollback that succeeded)."""
+    def last_change(
+        self, engine: str, kinds: tuple[str, ...] = ("tune", "rollback")
+    ) -> dict[str, Any] | None:
+        """The last change of ``kinds`` that took: by default of the settings (a tune or a
+        rollback that succeeded); ``("gate",)``: of the gate's limits."""
+        unknown = set(kinds) - set(ACTION_KINDS)
+        if unknown or not kinds:
+            raise ValueError(f"unknown action kinds {sorted(unknown)}")
+        marks = ", ".join("?" * len(kinds))
         row = self._read(
-            "SELECT id FROM actions WHERE engine = ? AND kind IN ('tune', 'rollback') "
+            f"SELECT id FROM actions WHERE engine = ? AND kind IN ({marks}) "
             "AND outcome = 'succeeded' AND from_settings IS NOT NULL ORDER BY id DESC LIMIT 1",
-            (engine,),
+            (engine, *kinds),
         ).fetchone()
         if row is None:
             return None

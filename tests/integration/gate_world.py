@@ -154,9 +154,11 @@ def gate_config(tmp_path: Path, engine_port: int, **gate: Any) -> tuple[Path, Pa
 
 
 @contextlib.contextmanager
-def gate_world(tmp_path: Path, *sim_args: str, start_engine: bool = True, **gate: Any) -> Iterator[GateWorld]:
+def gate_world(
+    tmp_path: Path, *sim_args: str, start_engine: bool = True, scale: str = "50", **gate: Any
+) -> Iterator[GateWorld]:
     engine_port = free_port()
-    sim = start_sim(engine_port, *sim_args) if start_engine else None
+    sim = start_sim(engine_port, *sim_args, scale=scale) if start_engine else None
     config, control, port = gate_config(tmp_path, engine_port, **gate)
     engine_url = f"http://127.0.0.1:{engine_port}"
     if start_engine:

@@ -8,6 +8,7 @@ hold and through an engine that is down, and a gate that keeps serving through b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -25,6 +26,7 @@ from tests.integration.gate_world import (
     SEED_ENGINE,
     GateWorld,
     gate_world,
+    metric,
     start_gate,
     start_sim,
     wait_healthy,
@@ -185,6 +187,58 @@ def test_long_prompts_run_in_their_lane_while_short_ones_flow(tmp_path: Path) ->
         assert decisions["admitted/long"] == 3
         assert decisions["admitted/short"] >= 6
         assert decisions.get("queued/long_lane", 0) >= 1
+
+
+def test_the_seeds_four_full_contexts_preempt_straight_to_the_engine_and_never_through_the_gate(
+    tmp_path: Path,
+) -> None:
+    """The seed's promise (four conversations at the full 32K context) on its box with a 16-bit
+    KV cache, whose pool (129,872 tokens) is just short of four: two engines side by side,
+    the same clients, one reached directly and one through the gate with its defaults. The
+    direct engine preempts (vLLM recomputes the newest); the gated one never does, and every
+    request through the gate is answered. (bench/bench_gate_seed.py runs the whole table.)"""
+    pitfall = [arg if arg != "fp8" else "auto" for arg in SEED_ENGINE]
+    port = free_port()
+    direct = start_sim(port, *pitfall, scale="10")
+    direct_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(direct_url)
+        with gate_world(tmp_path, *pitfall, scale="10") as world:
+            stop = threading.Event()
+            codes: dict[str, list[int]] = {"direct": [], "gate": []}
+
+            def client(url: str, name: str, body: dict[str, Any]) -> None:
+                with httpx.Client(timeout=300) as http:
+                    while not stop.is_set():
+                        codes[name].append(http.post(url, json=body).status_code)
+
+            long_body = {"prompt": words(32000), "max_tokens": 512, "ignore_eos": True}
+            chat = {
+                "messages": [{"role": "user", "content": words(200)}],
+                "max_tokens": 64,
+                "ignore_eos": True,
+            }
+            threads = [
+                threading.Thread(target=client, args=(f"{url}{path}", name, body))
+                for name, url in (("direct", direct_url), ("gate", world.url))
+                for path, body, count in (
+                    ("/v1/completions", long_body, 4),
+                    ("/v1/chat/completions", chat, 2),
+                )
+                for _ in range(count)
+            ]
+            for thread in threads:
+                thread.start()
+            time.sleep(12)  # two simulated minutes
+            stop.set()
+            for thread in threads:
+                thread.join(120)
+            assert world.engine_metric("vllm:num_preemptions_total") == 0
+            assert set(codes["gate"]) == {200}
+            assert len(codes["gate"]) >= 10
+            assert metric(httpx.get(f"{direct_url}/metrics").text, "vllm:num_preemptions_total") > 0
+    finally:
+        direct.stop()
 
 
 def test_the_kv_budget_holds_and_full_queues_answer_429_then_503(tmp_path: Path) -> None:
@@ -381,50 +435,128 @@ def test_a_restart_by_tunerd_holds_new_requests_at_the_gate_and_none_fails(tmp_p
         gate.stop()
 
 
-def test_a_policys_gate_action_retunes_the_running_gate_live_and_is_recorded(tmp_path: Path) -> None:
-    """tunerd (mode act) with a policy whose `gate:` action fires at once: the gate takes the
-    new limit within a tick, no restart happens, history says kind gate, succeeded."""
+@contextlib.contextmanager
+def _gated_daemon(tmp_path: Path, when: str, move: str = "step_down") -> Iterator[Any]:
+    """tunerd (mode act, in this process) with one policy that moves the gate's
+    ``target_fraction`` (``move``) once ``when`` holds, and ``tunerd gate`` in front of its
+    engine."""
     policy = tmp_path / "tighten.yaml"
     policy.write_text(
         "version: 1\npolicies:\n"
         "  - name: tighten\n"
-        "    when: {metric: engine_up, above: 0.5}\n"
-        "    then: [{gate: {target_fraction: step_down}}]\n"
+        f"    when: {when}\n"
+        f"    then: [{{gate: {{target_fraction: {move}}}}}]\n"
         "    cooldown: 1h\n"
     )
     gate_port = free_port()
-    control = tmp_path / "gate.sock"
     daemon = sim_daemon(
         tmp_path,
         policies=(str(policy),),
         top={"metrics": {"interval": "250ms"}},
-        gate={"listen": f"127.0.0.1:{gate_port}", "control": str(control)},
+        gate={"listen": f"127.0.0.1:{gate_port}", "control": str(tmp_path / "gate.sock")},
     )
     gate = start_gate(str(tmp_path / "tunerd.yaml"))
     try:
         gate.wait_event("gate_control_listening")
         with running(daemon):
-            generation = daemon.state.engine("main").generation  # type: ignore[union-attr]
-            deadline = time.monotonic() + 20
-            kinds: list[dict[str, Any]] = []
-            while time.monotonic() < deadline:
-                kinds = [h for h in daemon.state.history(engine="main") if h["kind"] == "gate"]
-                if kinds:
-                    break
-                time.sleep(0.1)
-            assert kinds, daemon.state.history(engine="main")
-            (record,) = kinds
-            assert record["outcome"] == "succeeded"
-            assert record["from_settings"] == {"target_fraction": 0.9}
-            assert record["to_settings"] == {"target_fraction": 0.85}
-            assert "tighten: gate target_fraction 0.9 → 0.85" in record["reason"]
-            shown = json.loads(
-                run_tunerd("gate", "status", "--json", "--config", str(tmp_path / "tunerd.yaml")).stdout
-            )
-            assert shown["engines"]["main"]["limits"]["target_fraction"] == 0.85
-            assert daemon.state.engine("main").generation == generation  # type: ignore[union-attr]  # no restart
+            yield daemon
     finally:
         gate.stop()
+
+
+def _gate_records(daemon: Any, count: int, timeout: float = 20) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    found: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        found = [h for h in daemon.state.history(engine="main") if h["kind"] == "gate"]
+        if len(found) >= count and all(h["outcome"] != "proposed" for h in found):
+            return sorted(found, key=lambda h: h["id"])
+        time.sleep(0.1)
+    raise AssertionError(daemon.state.history(engine="main"))
+
+
+def _gate_limits(tmp_path: Path) -> dict[str, Any]:
+    shown = json.loads(
+        run_tunerd("gate", "status", "--json", "--config", str(tmp_path / "tunerd.yaml")).stdout
+    )
+    return dict(shown["engines"]["main"]["limits"])
+
+
+def test_a_policys_gate_action_retunes_the_running_gate_live_and_tunerd_rollback_sets_it_back(
+    tmp_path: Path,
+) -> None:
+    """tunerd (mode act) with a policy whose `gate:` action fires at once: the gate takes the
+    new limit within a tick, no restart happens, history says kind gate, succeeded. Then
+    `tunerd rollback` undoes it the same way — live, recorded, tuning paused, no restart."""
+    config = str(tmp_path / "tunerd.yaml")
+    with _gated_daemon(tmp_path, "{metric: engine_up, above: 0.5}") as daemon:
+        generation = daemon.state.engine("main").generation
+        (record,) = _gate_records(daemon, 1)
+        assert record["outcome"] == "succeeded"
+        assert record["from_settings"] == {"target_fraction": 0.9}
+        assert record["to_settings"] == {"target_fraction": 0.85}
+        assert "tighten: gate target_fraction 0.9 → 0.85" in record["reason"]
+        assert _gate_limits(tmp_path)["target_fraction"] == 0.85
+        undone = run_tunerd(
+            "rollback", "main", "--config", config, "--reason", "too tight for the batch jobs"
+        )
+        assert undone.returncode == 0, undone.stderr
+        assert f"rollback of gate change #{record['id']} asked" in undone.stdout
+        assert "target_fraction 0.85 → 0.9 live (no restart); tuning paused" in undone.stdout
+        _, rollback = _gate_records(daemon, 2)
+        assert rollback["outcome"] == "succeeded", rollback
+        assert rollback["from_settings"] == {"target_fraction": 0.85}
+        assert rollback["to_settings"] == {"target_fraction": 0.9}
+        assert rollback["reason"] == f"too tight for the batch jobs (undoes #{record['id']})"
+        assert _gate_limits(tmp_path)["target_fraction"] == 0.9
+        engine = daemon.state.engine("main")
+        assert engine.generation == generation  # neither change restarted the engine
+        assert engine.paused == "rolled back by a person: too tight for the batch jobs"
+
+
+def test_a_fit_gate_action_is_computed_from_the_gates_admitted_need_and_the_pools_usage(
+    tmp_path: Path,
+) -> None:
+    """`gate: {target_fraction: fit}` with long requests through the gate: the running daemon
+    computes the fraction from the gate's status (need admitted, pool) and the engine's usage
+    at that tick, applies it live and records why."""
+    with _gated_daemon(tmp_path, "{metric: kv_cache_usage, above: 0.05}", move="fit") as daemon:
+        url = f"http://127.0.0.1:{daemon.config.engines[0].gate.listen.rsplit(':', 1)[1]}"
+        body = {"prompt": words(20000), "max_tokens": 4000, "ignore_eos": True}
+        stop = threading.Event()
+
+        def client() -> None:
+            with httpx.Client(timeout=120) as http:
+                while not stop.is_set():
+                    http.post(f"{url}/v1/completions", json=body)
+
+        threads = [threading.Thread(target=client) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        try:
+            (record,) = _gate_records(daemon, 1, timeout=30)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(120)
+        assert record["outcome"] == "succeeded", record
+        fitted = record["to_settings"]["target_fraction"]
+        assert 0.5 <= fitted <= 1.0
+        assert fitted != 0.9
+        assert f"gate target_fraction 0.9 → {fitted} (fit: the pool " in record["reason"]
+        assert _gate_limits(tmp_path)["target_fraction"] == fitted
+
+
+def test_a_pinned_engines_gate_is_not_retuned_by_policies(tmp_path: Path) -> None:
+    """A person's pin holds for the gate's limits as for the settings: the policy fires, its
+    action is recorded as skipped with why, and the gate keeps its limits."""
+    with _gated_daemon(tmp_path, "{metric: engine_up, above: 0.5, for: 6s}") as daemon:
+        pinned = run_tunerd("pin", "main", "--config", str(tmp_path / "tunerd.yaml"))
+        assert pinned.returncode == 0, pinned.stderr
+        (record,) = _gate_records(daemon, 1)
+        assert record["outcome"] == "skipped", record
+        assert "not applied: pinned" in record["reason"]
+        assert _gate_limits(tmp_path)["target_fraction"] == 0.9
 
 
 def test_the_config_in_docs_gate_md_runs_as_written(tmp_path: Path) -> None:

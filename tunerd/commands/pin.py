@@ -5,7 +5,9 @@ of the same settings still happen). ``resume`` clears a pin, a hold (after a cra
 spent restart budget) and a pause (after a person changed the engine's flags or rolled it
 back). ``rollback`` undoes the last change that took: the running tunerd restarts the engine
 with the settings it had before, through the same saga (drain, verify, roll back if *that*
-fails), and tuning pauses so the policies do not redo the change at once. All three write to
+fails), and tuning pauses so the policies do not redo the change at once. When the last change
+was of the engine's gate (a policy's ``gate:`` action), its limits are set back live instead,
+with no restart. All three write to
 the state database, which the running daemon reads every tick, and are recorded in history;
 then they wake the daemon through its status socket (``--socket``) so that it acts at once,
 and say when no tunerd answered (it acts when it next runs). A person who may not read or
@@ -22,6 +24,7 @@ import pwd
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands import summary
@@ -61,8 +64,10 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
         help=summary("rollback"),
         description=(
             "Ask the running tunerd to restart ENGINE with the settings it had before its last "
-            "change, through the restart saga, and pause tuning until `tunerd resume`. If tunerd "
-            "is not running, the rollback waits in the state database for the next `tunerd run`."
+            "change, through the restart saga, and pause tuning until `tunerd resume`. When the "
+            "last change was of the engine's gate (a policy's gate: action), tunerd sets the "
+            "gate's limits back instead, live, with no restart. If tunerd is not running, the "
+            "rollback waits in the state database for the next `tunerd run`."
         ),
     )
     rollback.add_argument("engine", metavar="ENGINE", help="the engine's name in the config")
@@ -169,37 +174,67 @@ def _rollback(args: argparse.Namespace) -> int:
     try:
         with _writing(state_dir_of(args)):
             change = state.last_change(args.engine)
-            if change is None:
-                raise UsageError(f"{args.engine}: nothing to roll back (no settings change has taken yet)")
-            record = state.engine(args.engine)
-            if record is None or record.running is None:
-                raise UsageError(f"{args.engine}: not running under tunerd")
-            running = state.version(record.running).settings
-            target = change["from_settings"]
-            if target == running:
-                raise UsageError(f"{args.engine}: already running the settings before its last change")
-            now = SYSTEM_CLOCK.now()
-            state.record_action(
-                engine=args.engine,
-                kind="rollback",
-                mode="act",
-                outcome="proposed",
-                reason=f"{args.reason} (undoes #{change['id']})",
-                now=now,
-                from_settings=running,
-                to_settings=target,
-                evidence={"asked_by": _who(), "undoes": change["id"]},
-            )
+            gate_change = state.last_change(args.engine, kinds=("gate",))
+            if gate_change is not None and (change is None or gate_change["id"] > change["id"]):
+                said = _ask_gate_rollback(state, args, gate_change)
+            elif change is None:
+                raise UsageError(
+                    f"{args.engine}: nothing to roll back (no settings or gate change has taken yet)"
+                )
+            else:
+                said = _ask_settings_rollback(state, args, change)
             state.set_flags(args.engine, paused=f"rolled back by a person: {args.reason}")
     finally:
         state.close()
-    print(
-        f"{args.engine}: rollback of #{change['id']} asked; the running tunerd restarts it with "
-        f"{' '.join(settings_to_args(target))}; tuning paused until "
-        f"`tunerd resume {args.engine}`"
-    )
+    print(f"{said}; tuning paused until `tunerd resume {args.engine}`")
     _wake(args)
     return EXIT_OK
+
+
+def _ask_settings_rollback(state: State, args: argparse.Namespace, change: dict[str, Any]) -> str:
+    record = state.engine(args.engine)
+    if record is None or record.running is None:
+        raise UsageError(f"{args.engine}: not running under tunerd")
+    running = state.version(record.running).settings
+    target = change["from_settings"]
+    if target == running:
+        raise UsageError(f"{args.engine}: already running the settings before its last change")
+    state.record_action(
+        engine=args.engine,
+        kind="rollback",
+        mode="act",
+        outcome="proposed",
+        reason=f"{args.reason} (undoes #{change['id']})",
+        now=SYSTEM_CLOCK.now(),
+        from_settings=running,
+        to_settings=target,
+        evidence={"asked_by": _who(), "undoes": change["id"]},
+    )
+    return (
+        f"{args.engine}: rollback of #{change['id']} asked; the running tunerd restarts it with "
+        f"{' '.join(settings_to_args(target))}"
+    )
+
+
+def _ask_gate_rollback(state: State, args: argparse.Namespace, change: dict[str, Any]) -> str:
+    """The last change was of the gate's limits: ask for those before it (live, no restart)."""
+    target, current = change["from_settings"], change["to_settings"]
+    state.record_action(
+        engine=args.engine,
+        kind="gate",
+        mode="act",
+        outcome="proposed",
+        reason=f"{args.reason} (undoes #{change['id']})",
+        now=SYSTEM_CLOCK.now(),
+        from_settings=current,
+        to_settings=target,
+        evidence={"asked_by": _who(), "undoes": change["id"]},
+    )
+    words = ", ".join(f"{knob} {current.get(knob)} → {value}" for knob, value in target.items())
+    return (
+        f"{args.engine}: rollback of gate change #{change['id']} asked; the running tunerd sets the "
+        f"gate's {words} live (no restart)"
+    )
 
 
 def _wake(args: argparse.Namespace) -> None:

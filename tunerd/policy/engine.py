@@ -99,6 +99,9 @@ class EngineContext:
     #: the engine's gate's live limits (``target_fraction``…); None when it has no gate (a
     #: ``gate:`` action does not apply), empty when the gate did not answer (it says so)
     gate: Mapping[str, Any] | None = None
+    #: limit → (value, why): what a ``gate: {limit: fit}`` moves to, computed from the gate's
+    #: admitted need and the pool's usage (:func:`tunerd.gate.tuning.fit_fraction`)
+    gate_fits: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -367,7 +370,9 @@ def _plan(fired: list[tuple[Policy, dict[str, Any]]], context: EngineContext, no
                     GateResult(knob, value, value, f"gate {knob} already changed by an earlier policy")
                 )
                 continue
-            result = apply_gate(knob, operation, context.gate.get(knob), context.settings)
+            result = apply_gate(
+                knob, operation, context.gate.get(knob), context.settings, context.gate_fits.get(knob)
+            )
             results.append(result)
             if not dry and result.changed:
                 gated.add(knob)

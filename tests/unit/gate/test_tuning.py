@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunerd.gate.tuning import apply_gate, gate_problem
+from tunerd.gate.tuning import apply_gate, fit_fraction, gate_problem
 from tunerd.policy.engine import EngineContext, evaluate, new_states
 from tunerd.policy.schema import PolicyError, load_policy_file
 from tunerd.store import Store
@@ -54,7 +54,8 @@ def test_a_step_from_an_unknown_value_changes_nothing_and_says_why() -> None:
         ("target_fraction", True, "in (0, 1]"),
         ("long_threshold", 0.5, "whole numbers"),
         ("long_lane", 0, "from 1"),
-        ("max_concurrency", "halve", "step_down or step_up"),
+        ("max_concurrency", "halve", "step_down, step_up or fit"),
+        ("long_lane", "fit", "target_fraction only"),
         ("queue", 3, "not a gate limit"),
     ],
 )
@@ -117,3 +118,73 @@ def test_without_a_gate_the_action_does_not_apply_and_a_silent_gate_is_said() ->
     assert silent is not None
     assert silent.gate_changes == {}
     assert any("not known" in reason for reason in silent.reasons)
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "pool", "usage", "fitted"),
+    [
+        # the gate's clients only: answers stop early, the pool holds less than was admitted
+        (90_000, 100_000, 0.60, 1.0),  # 0.85 / (0.60 / 0.90) = 1.275: up to the ceiling of 1.0
+        (90_000, 100_000, 0.80, 0.95),  # 0.85 / (0.80 / 0.90) = 0.956…: whole hundredths, down
+        # clients that bypass the gate: the pool holds more than the gate admitted
+        (90_000, 100_000, 0.95, 0.80),  # 0.85 / (0.95 / 0.90) = 0.805…
+        (30_000, 100_000, 0.99, 0.50),  # 0.85 / 3.3 = 0.257…: not below the step floor
+    ],
+)
+def test_fit_puts_the_pools_usage_at_the_ceiling(
+    in_flight: int, pool: int, usage: float, fitted: float
+) -> None:
+    value, why = fit_fraction(0.9, in_flight, pool, usage)
+    assert value == fitted
+    assert f"{usage:.0%} used" in why
+    result = apply_gate("target_fraction", "fit", 0.9, SEED, (value, why))
+    assert result.after == fitted
+    assert result.reason.startswith(
+        "gate target_fraction 0.9 → " if fitted != 0.9 else "gate target_fraction stays"
+    )
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "pool", "usage", "says"),
+    [
+        (0, 100_000, 0.9, "nothing admitted"),
+        (None, 100_000, 0.9, "nothing admitted"),
+        (50_000, None, 0.9, "no reading"),
+        (50_000, 100_000, None, "no reading"),
+        (50_000, 100_000, 0.0, "no reading"),
+        (50_000, 100_000, float("nan"), "no reading"),
+    ],
+)
+def test_fit_without_a_ratio_to_go_by_changes_nothing_and_says_why(
+    in_flight: int | None, pool: int | None, usage: float | None, says: str
+) -> None:
+    value, why = fit_fraction(0.9, in_flight, pool, usage)
+    assert value is None
+    assert says in why
+    result = apply_gate("target_fraction", "fit", 0.9, SEED, (value, why))
+    assert not result.changed
+    assert says in result.reason
+
+
+def test_a_fit_gate_action_plans_the_computed_fraction_from_the_context() -> None:
+    policies = list(
+        load_policy_file(
+            "fit.yaml",
+            "version: 1\npolicies:\n  - name: fit\n    when: {metric: kv_cache_usage, above: 0.85}\n"
+            "    then: [{gate: {target_fraction: fit}}]\n",
+        ).policies
+    )
+    store = Store(capacity=10)
+    store.record("kv_cache_usage", "e", 0.0, 0.95)
+    fitted = fit_fraction(0.9, 90_000, 100_000, 0.95)
+    context = EngineContext(
+        name="e",
+        settings=SEED,
+        mode="act",  # type: ignore[arg-type]
+        gate=LIMITS,
+        gate_fits={"target_fraction": fitted},
+    )
+    plan = evaluate(policies, new_states(policies), store, context, 0.0)[1]
+    assert plan is not None
+    assert plan.gate_changes == {"target_fraction": (0.9, 0.8)}
+    assert any("gate target_fraction 0.9 → 0.8 (fit: the pool 95% used" in reason for reason in plan.reasons)
