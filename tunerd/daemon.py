@@ -1102,15 +1102,13 @@ class Daemon:
         """The computed ``gate: {target_fraction: fit}``: from the gate's admitted need (its
         status at this tick) and the engine's pool usage (its latest reading)."""
         status = loop.gate
-        current = _number(_gate_limits(status).get("target_fraction"))
-        if status is None or current is None:
-            return {}
+        if status is None or _number(_gate_limits(status).get("target_fraction")) is None:
+            return {}  # no gate, or it did not answer: the action says so
         usage = self.store.latest("kv_cache_usage", loop.name)
         if usage is not None and self.clock.now() - usage.time > GATE_FIT_FRESH_S:
             usage = None  # a reading from before the engine went quiet says nothing of now
         in_flight, pool = _number(status.get("in_flight_tokens")), _number(status.get("pool_tokens"))
         fitted = fit_fraction(
-            current,
             None if in_flight is None else int(in_flight),
             None if pool is None else int(pool),
             None if usage is None else usage.value,

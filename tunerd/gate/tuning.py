@@ -81,7 +81,6 @@ def gate_problem(knob: str, operation: Any) -> str | None:
 
 
 def fit_fraction(
-    current: float,
     in_flight_tokens: int | None,
     pool_tokens: int | None,
     kv_cache_usage: float | None,

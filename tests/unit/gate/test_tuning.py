@@ -134,7 +134,7 @@ def test_without_a_gate_the_action_does_not_apply_and_a_silent_gate_is_said() ->
 def test_fit_puts_the_pools_usage_at_the_ceiling(
     in_flight: int, pool: int, usage: float, fitted: float
 ) -> None:
-    value, why = fit_fraction(0.9, in_flight, pool, usage)
+    value, why = fit_fraction(in_flight, pool, usage)
     assert value == fitted
     assert f"{usage:.0%} used" in why
     result = apply_gate("target_fraction", "fit", 0.9, SEED, (value, why))
@@ -158,7 +158,7 @@ def test_fit_puts_the_pools_usage_at_the_ceiling(
 def test_fit_without_a_ratio_to_go_by_changes_nothing_and_says_why(
     in_flight: int | None, pool: int | None, usage: float | None, says: str
 ) -> None:
-    value, why = fit_fraction(0.9, in_flight, pool, usage)
+    value, why = fit_fraction(in_flight, pool, usage)
     assert value is None
     assert says in why
     result = apply_gate("target_fraction", "fit", 0.9, SEED, (value, why))
@@ -176,7 +176,7 @@ def test_a_fit_gate_action_plans_the_computed_fraction_from_the_context() -> Non
     )
     store = Store(capacity=10)
     store.record("kv_cache_usage", "e", 0.0, 0.95)
-    fitted = fit_fraction(0.9, 90_000, 100_000, 0.95)
+    fitted = fit_fraction(90_000, 100_000, 0.95)
     context = EngineContext(
         name="e",
         settings=SEED,
