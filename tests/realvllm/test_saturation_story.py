@@ -236,10 +236,16 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
     """Through the gate, the real engine: a chat answer comes chunk by chunk as it is generated,
     and the gate's prompt count (the engine's ``/tokenize`` with the chat template) is the
     engine's ``usage.prompt_tokens`` — chat streamed, completions plain."""
+
     # a budget smaller than any of these requests' byte bounds: the gate counts each exactly
     # before admitting it (with the default budget it would count one in sixteen)
+    def compared() -> float:  # requests whose count the gate compared with the engine's usage
+        page = httpx.get(story.gate_url + "/gate/metrics", timeout=5).text
+        return metric(page, "tunerd_gate_count_error_ratio_count")
+
     assert _limits(story, {"target_fraction": 0.02}).status_code == 200
     try:
+        before = compared()
         messages = [
             {"role": "system", "content": "you answer in words of the corpus"},
             {"role": "user", "content": "tell me about the engine and the gate in front of it"},
@@ -260,15 +266,13 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
         assert usage["completion_tokens"] == 300
         assert len(content) >= 250  # a chunk a token (a few tokens decode to no text)
         assert content[-1] - content[0] > 0.3  # they came as generated, not at the end in one piece
+        assert compared() == before + 1  # this one was counted exactly and compared
         assert abs(_gate_status(story)["last_count_error_ratio"]) <= 0.02, usage
         plain = {"model": MODEL_NAME, "prompt": "the gate counts what the engine counts", "max_tokens": 4}
         answer = httpx.post(story.gate_url + "/v1/completions", json=plain, timeout=60)
         assert answer.status_code == 200, answer.text
+        assert compared() == before + 2
         assert abs(_gate_status(story)["last_count_error_ratio"]) <= 0.02, answer.json()["usage"]
-        counted = metric(
-            httpx.get(story.gate_url + "/gate/metrics", timeout=5).text, "tunerd_gate_count_error_ratio_count"
-        )
-        assert counted >= 2
     finally:
         assert _limits(story, {"target_fraction": 0.9}).status_code == 200
 
