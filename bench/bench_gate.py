@@ -16,6 +16,7 @@ each (the measurement docs/gate.md quotes; needs ``pip install uvicorn``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -170,7 +171,9 @@ def bench_gate(rounds: int) -> None:
 def bench_stacks(rounds: int) -> None:
     port = free_port()
     direct = f"http://127.0.0.1:{port}"
-    candidates = ["proxy-aiohttp", "proxy-uvicorn-aiohttp", "proxy-uvicorn-httpx"]
+    candidates = ["proxy-splice", "proxy-aiohttp", "proxy-uvicorn-aiohttp", "proxy-uvicorn-httpx"]
+    if importlib.util.find_spec("uvicorn") is None:  # not a dependency: the rest without it
+        candidates = [c for c in candidates if "uvicorn" not in c]
     with process([*PEERS, "upstream", str(port)], f"{direct}/health"):
         targets = {"direct": direct}
         opened = []

@@ -7,6 +7,8 @@
 - ``proxy-aiohttp``, ``proxy-uvicorn-httpx``, ``proxy-uvicorn-aiohttp`` ``PORT UPSTREAM``: the
   same minimal forwarding proxy (read the body, forward it, stream the answer back chunk by
   chunk) on each candidate stack, for the choice of stack (docs/gate.md);
+- ``proxy-splice PORT UPSTREAM``: no HTTP at all, each connection spliced to one upstream
+  connection and bytes pumped both ways — the floor any proxy written in Python stands on;
 - ``load URL CLIENTS REQUESTS STREAM``: CLIENTS concurrent keep-alive clients sending
   REQUESTS requests in all; prints one JSON line: each request's latency and the wall time.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import time
 from typing import Any
@@ -187,6 +190,41 @@ class _Aiohttp:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def proxy_splice(port: int, target: str) -> None:
+    """The floor of any proxy written in Python: no HTTP at all, each client connection spliced
+    to its own upstream connection, bytes pumped both ways as they come (asyncio streams)."""
+    host, upstream_port = target.removeprefix("http://").rsplit(":", 1)
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def connected(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(host, int(upstream_port))
+        except OSError:
+            client_writer.close()
+            return
+        for writer in (client_writer, upstream_writer):
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.gather(pump(client_reader, upstream_writer), pump(upstream_reader, client_writer))
+
+    async def serve() -> None:
+        server = await asyncio.start_server(connected, "127.0.0.1", port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(serve())
+
+
 def proxy_uvicorn(port: int, target: str, client: str) -> None:
     import uvicorn  # noqa: PLC0415 (only this candidate needs it)
 
@@ -230,6 +268,8 @@ def main(argv: list[str]) -> None:
         upstream(int(argv[1]))
     elif command == "proxy-aiohttp":
         proxy_aiohttp(int(argv[1]), argv[2])
+    elif command == "proxy-splice":
+        proxy_splice(int(argv[1]), argv[2])
     elif command in ("proxy-uvicorn-httpx", "proxy-uvicorn-aiohttp"):
         proxy_uvicorn(int(argv[1]), argv[2], command.rsplit("-", 1)[1])
     elif command == "load":

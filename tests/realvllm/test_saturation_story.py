@@ -238,7 +238,7 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
     engine's ``usage.prompt_tokens`` — chat streamed, completions plain."""
 
     # a budget smaller than any of these requests' byte bounds: the gate counts each exactly
-    # before admitting it (with the default budget it would count one in sixteen)
+    # before admitting it (with the default budget it would count one a second)
     def compared() -> float:  # requests whose count the gate compared with the engine's usage
         page = httpx.get(story.gate_url + "/gate/metrics", timeout=5).text
         return metric(page, "tunerd_gate_count_error_ratio_count")

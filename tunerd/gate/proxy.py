@@ -70,7 +70,7 @@ TICK_S = 0.05  # how often waits are checked against their deadlines
 CONTROL_TIMEOUT_S = 5.0  # the gate's own calls to the engine: /tokenize, /metrics, /v1/models
 SMALL_ANSWER = 1 << 20  # a JSON answer up to this size is read whole (its usage checked)
 REFINE_ABOVE = 0.5  # a bound is counted exactly once the needs in flight pass this share of the budget
-COUNT_SAMPLE = 16  # and one bound in this many, to keep the count's error measured
+COUNT_SAMPLE_S = 1.0  # and one bound a second, to keep the count's error measured
 TAIL_BYTES = 8192  # what of a stream is kept to find its usage event
 BODY_TIMEOUT_S = 30.0  # a client has this long to send its body (slowloris)
 UPSTREAM_READ_S = 600.0  # the engine may be silent this long mid-answer (a long prefill)
@@ -138,7 +138,7 @@ class EngineGate:
         self.waiters: dict[int, _Waiter] = {}
         self.engine_up: bool | None = None  # None: not asked yet
         self.ids = itertools.count(1)
-        self.sampled = itertools.count()  # every COUNT_SAMPLE-th bound is counted exactly
+        self.sampled_at = -COUNT_SAMPLE_S  # when a bound was last counted exactly to measure the count
         self.session: aiohttp.ClientSession | None = None
         self.address: str | None = None
         self.wakeup = asyncio.Event()  # set when the engine should be read again at once
@@ -157,6 +157,10 @@ class EngineGate:
             ["engine"], buckets=(-0.05, -0.02, -0.01, -0.001, 0.001, 0.01, 0.02, 0.05), registry=None,
         )  # fmt: skip
         self.last_count_error: float | None = None
+        # this engine's series, looked up once (a label lookup a request adds up at 1,000/s)
+        self._waited = self.wait_seconds.labels(name)
+        self._added = self.added_seconds.labels(name)
+        self._count_error = self.count_error.labels(name)
 
     # -- the engine --------------------------------------------------------------------
     async def read_engine(self) -> bool:
@@ -325,8 +329,12 @@ class EngineGate:
             if self.admission.could_admit(ticket, ticket.arrival):
                 # the bound fits: it goes ahead on the bound, and is counted exactly on the side
                 # once the pool is half spoken for (below that no decision depends on it), and
-                # one request in COUNT_SAMPLE always (the count's error stays measured)
-                if self._pool_pressed(ticket) or next(self.sampled) % COUNT_SAMPLE == 0:
+                # one a second always (the count's error stays measured; a share of requests
+                # would add that share of /tokenize calls to a busy engine)
+                sample = ticket.arrival - self.sampled_at >= COUNT_SAMPLE_S
+                if sample:
+                    self.sampled_at = ticket.arrival
+                if sample or self._pool_pressed(ticket):
                     refine = asyncio.create_task(self._refine(ticket, plan))
             else:
                 await self._count_exactly(ticket, plan)
@@ -342,8 +350,8 @@ class EngineGate:
                     waited += time.perf_counter() - queued_at
                 if verdict.outcome != "admitted":
                     return _verdict_answer(verdict)
-                self.wait_seconds.labels(self.name).observe(waited)
-                self.added_seconds.labels(self.name).observe(counted - started)
+                self._waited.observe(waited)
+                self._added.observe(counted - started)
                 try:
                     return await self._pass(request, raw, started, ticket, stream=plan.stream)
                 except _EngineRefused:  # nothing was sent: wait for the engine, then try again
@@ -480,7 +488,7 @@ class EngineGate:
         if engine_count:
             error = (ticket.prompt_tokens - engine_count) / engine_count
             self.last_count_error = round(error, 6)
-            self.count_error.labels(self.name).observe(error)
+            self._count_error.observe(error)
 
     # -- metrics -----------------------------------------------------------------------
     def collect(self) -> Iterator[Any]:

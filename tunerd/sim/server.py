@@ -153,6 +153,13 @@ class _Metrics(Collector):
         yield cache
 
 
+class _HttpServer(ThreadingHTTPServer):
+    """The API server's socket: uvicorn's listen backlog (2048), not socketserver's 5, which
+    reset connections when 64 clients connected at once (measured: 5–25 in 2,000 requests)."""
+
+    request_queue_size = 2048
+
+
 class SimServer:
     """One simulated vLLM engine: start-up, serving, death and drain."""
 
@@ -185,6 +192,7 @@ class SimServer:
         self.engine: SimEngine = None  # type: ignore[assignment]  # set by run()
         self._requests: dict[str, Request] = {}
         self._stopping = threading.Event()
+        self._arrived = threading.Event()  # a request came: an idle engine loop steps at once
         self._draining = False
         self.exit_code = 0
         #: reason → requests refused by admission control (vllm:admission_rejections_total)
@@ -305,6 +313,7 @@ class SimServer:
                 max(out, request.max_tokens),
             )
             self.lock.notify_all()
+        self._arrived.set()
 
     def _engine_loop(self) -> None:
         next_stats = self.clock.now() + STATS_INTERVAL_S
@@ -342,7 +351,11 @@ class SimServer:
                     )
                     last_prompt, last_generation = engine.prompt_tokens_total, engine.generation_tokens_total
                     next_stats = now + STATS_INTERVAL_S
-            self.clock.sleep(duration if duration > 0 else 0.05 * self.clock.scale / 20)
+            if duration > 0:
+                self.clock.sleep(duration)
+            else:  # idle: wake for the next request at once (vLLM's busy loop does), else soon
+                self.clock.sleep(0.05 * self.clock.scale / 20, self._arrived)
+                self._arrived.clear()  # a request that came meanwhile is found by the next step
 
     def _observe(self, request: Request) -> None:
         if self.metrics is not None:
@@ -505,7 +518,7 @@ class SimServer:
         self.registry.register(_Metrics(self))
         handler = type("Handler", (_Handler,), {"server_ref": self})
         try:
-            self.httpd = ThreadingHTTPServer((self.options.host, self.options.port), handler)
+            self.httpd = _HttpServer((self.options.host, self.options.port), handler)
         except OSError as error:
             self.emit(
                 self.log.line(
