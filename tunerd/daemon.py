@@ -1019,21 +1019,10 @@ class Daemon:
         observation = loop.observation
         if observation is None or (observation.version, observation.pid) != (record.running, process.pid):
             gpu = next((g for g in gpus if g.index == memory.gpu_index), None)
-            settings = self.state.version(record.running).settings
-            observation = Observation.from_figures(
-                engine=loop.name,
-                version=record.running,
-                pid=process.pid,
-                settings=settings,
-                time=now,
-                cuda_total_bytes=cuda_total_bytes(gpu) if gpu is not None else None,
-                weights_gib=figures.model_loading_gib,
-                kv_available_gib=figures.available_kv_cache_gib,
-                kv_cache_tokens=figures.kv_cache_size_tokens,
-                cuda_graph_gib=figures.cuda_graph_gib,
+            total = cuda_total_bytes(gpu) if gpu is not None else None
+            observation = self._first_observation(
+                loop, version=record.running, pid=process.pid, figures=figures, total=total, now=now
             )
-            observation = self._compare_prediction(loop, observation)
-            observation = replace(observation, outside_floor_bytes=self._outside_floor(loop))
             loop.free_at_start = None  # it started: what a refused start saw is over
         sample = next((g for g in gpus if g.index == memory.gpu_index), None)
         listed = (sample.processes or ()) if sample is not None else ()
@@ -1047,6 +1036,73 @@ class Daemon:
         )
         loop.observation = observation
         self._save_observation(loop, now)
+
+    def _first_observation(
+        self,
+        loop: EngineLoop,
+        *,
+        version: int,
+        pid: int,
+        figures: LogDiagnosis,
+        total: int | None,
+        now: float,
+    ) -> Observation:
+        """What a new start of ``version`` showed of the box: its log's start-up figures and
+        the CUDA total, compared with what was predicted for it."""
+        observation = Observation.from_figures(
+            engine=loop.name,
+            version=version,
+            pid=pid,
+            settings=self.state.version(version).settings,
+            time=now,
+            cuda_total_bytes=total,
+            weights_gib=figures.model_loading_gib,
+            kv_available_gib=figures.available_kv_cache_gib,
+            kv_cache_tokens=figures.kv_cache_size_tokens,
+            cuda_graph_gib=figures.cuda_graph_gib,
+        )
+        observation = self._compare_prediction(loop, observation)
+        return replace(observation, outside_floor_bytes=self._outside_floor(loop))
+
+    def _observe_oom(self, loop: EngineLoop, crash: Mapping[str, Any], now: float) -> None:
+        """A CUDA OOM: what the engine needed when it died (its own memory and the allocation
+        torch's text names) joins the observation of it. An engine that died before any tick
+        measured it is observed from its log here: the start-up figures are in it, and torch's
+        text gives the CUDA total ("a total capacity of …") and the processes beside it."""
+        process = loop.supervisor.process
+        record = self.state.engine(loop.name)
+        version = record.running if record is not None else None
+        observation = loop.observation
+        seen = None if observation is None else (observation.version, observation.pid)
+        if process is not None and version is not None and seen != (version, process.pid):
+            observation = self._observed_at_death(loop, crash, version, process.pid, now) or observation
+        if observation is None:
+            return
+        total = crash.get("total_bytes")
+        if observation.cuda_total_bytes is None and isinstance(total, int):
+            observation = replace(observation, cuda_total_bytes=total)  # no GPU reading had it
+        loop.observation = observation.died_of_oom(
+            crash.get("own_bytes"), crash.get("tried_to_allocate_bytes"), now
+        )
+        self._save_observation(loop, now)
+
+    def _observed_at_death(
+        self, loop: EngineLoop, crash: Mapping[str, Any], version: int, pid: int, now: float
+    ) -> Observation | None:
+        figures = self._startup_figures(loop)
+        total = crash.get("total_bytes")
+        if figures is None or figures.available_kv_cache_gib is None or not isinstance(total, int):
+            return None  # it died before its pool was sized, or torch's text had no total
+        observation = self._first_observation(
+            loop, version=version, pid=pid, figures=figures, total=total, now=now
+        )
+        neighbours = {
+            int(item["pid"]): ("?", int(item["bytes"]))
+            for item in crash.get("other_processes") or []
+            if item.get("pid") not in loop.engine_pids
+        }
+        self.say("engine_observed_at_death", engine=loop.name, version=version, pid=pid)
+        return observation.seen(None, sum(used for _, used in neighbours.values()), now, neighbours)
 
     def _outside_floor(self, loop: EngineLoop) -> int | None:
         """The least outside-the-budget memory the engine's earlier starts showed (its CUDA
@@ -1213,11 +1269,8 @@ class Daemon:
             free, total = crash.get("free_at_start_bytes"), crash.get("total_bytes")
             if crash.get("kind") == "insufficient_free_memory" and free is not None and total is not None:
                 loop.free_at_start = (int(free), int(total))
-            if crash.get("kind") == "cuda_oom" and loop.observation is not None:
-                loop.observation = loop.observation.died_of_oom(
-                    crash.get("own_bytes"), crash.get("tried_to_allocate_bytes"), now
-                )
-                self._save_observation(loop, now)
+            if crash.get("kind") == "cuda_oom":
+                self._observe_oom(loop, crash, now)
             self.say("engine_crash", engine=name, kind=crash.get("kind"), message=crash.get("message"))
         context = EngineContext(
             name=name,

@@ -167,6 +167,8 @@ _TRIED = re.compile(rf"Tried to allocate {_NUM}{_SIZE_UNIT}")
 _FREE_AT_START = re.compile(rf"Free memory on device \S+ \({_NUM}/{_NUM} GiB\) on startup")
 _PROCESS_HAS = re.compile(rf"Process ([0-9]+) has {_NUM}{_SIZE_UNIT} memory in use")
 _THIS_PROCESS = re.compile(rf"this process has {_NUM}{_SIZE_UNIT} memory in use")
+# torch's OOM text: "GPU 0 has a total capacity of 23.52 GiB of which 1015.49 MiB is free"
+_TOTAL_CAPACITY = re.compile(rf"has a total capacity of {_NUM}{_SIZE_UNIT} of which")
 _ESTIMATED_LEN = re.compile(r"estimated maximum model length is ([0-9]+)\b")
 _V0_KV_TOKENS = re.compile(r"maximum number of tokens that can be stored in KV cache \(([0-9]+)\)")
 # Lines after the root cause that may still carry its details (torch wraps long OOM texts).
@@ -219,6 +221,8 @@ class Crash:
     own_bytes: int | None = None  # "this process has X memory in use"
     #: a start refused for want of free memory: the free and total memory vLLM saw (0.01 GiB)
     free_at_start_bytes: int | None = None
+    #: the GPU's total as CUDA reports it: vLLM's at a refused start, torch's "total capacity"
+    #: in an OOM text (0.01 GiB)
     total_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -403,6 +407,7 @@ class LogDiagnoser:
         own = _THIS_PROCESS.search(text)
         room = _FREE_AT_START.search(text) if cause.kind == "insufficient_free_memory" else None
         free, total = (_float(room.group(1)), _float(room.group(2))) if room else (None, None)
+        capacity = _TOTAL_CAPACITY.search(text) if cause.kind == "cuda_oom" else None
         found = ((_int(pid), _bytes(number, unit)) for pid, number, unit in _PROCESS_HAS.findall(text))
         others = tuple((pid, size) for pid, size in found if pid is not None and size is not None)
         return Crash(
@@ -414,7 +419,11 @@ class LogDiagnoser:
             other_processes=others,
             own_bytes=_bytes(*own.groups()) if own else None,
             free_at_start_bytes=round(free * GIB) if free is not None else None,
-            total_bytes=round(total * GIB) if total is not None else None,
+            total_bytes=round(total * GIB)
+            if total is not None
+            else _bytes(*capacity.groups())
+            if capacity
+            else None,
         )
 
 

@@ -49,6 +49,23 @@ class TestReferenceFailureTexts:
         assert crash.tried_to_allocate_bytes == 960 * MIB
         assert crash.other_processes == ((854401, round(78.43 * GIB)),)
 
+    @pytest.mark.parametrize(
+        ("file", "total_gib"),
+        [
+            ("oom-27466.log", 79.14),
+            ("oom-runtime-club3090-58.log", 23.56),
+            ("weights-oom-033-format.log", 23.52),
+            ("oom-26863.log", 23.57),
+        ],
+    )
+    def test_diagnose_oom_reads_torchs_total_capacity(self, file: str, total_gib: float) -> None:
+        """torch's "GPU 0 has a total capacity of X of which Y is free": the CUDA total, the
+        one figure calibration needs that a box without a GPU reading lacks."""
+        crash = _diagnose_file(file).crash
+        assert crash is not None
+        assert crash.total_bytes == round(total_gib * GIB)
+        assert crash.free_at_start_bytes is None
+
     def test_diagnose_oom_root_cause_wins_over_engine_dead(self) -> None:
         """The EngineDeadError line comes first; the OOM below it is the cause."""
         crash = _diagnose_file("oom-runtime-club3090-58.log").crash
