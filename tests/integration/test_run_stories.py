@@ -29,6 +29,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: the OOM-prone config of the OOM stories: 0.97 utilization, 16-bit KV, 8192 batched tokens
+GREEDY = {
+    "gpu_memory_utilization": 0.97,
+    "max_model_len": 32768,
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 8192,
+    "kv_cache_dtype": "auto",
+}
+GREEDY_BOUNDS: dict[str, list[object]] = {
+    "gpu_memory_utilization": [0.80, 0.97],
+    "max_num_batched_tokens": [1024, 8192],
+}
+
+
 def _policies(tmp_path: Path, *names: str) -> Path:
     """The shipped default policies, only those named: one story at a time."""
     shipped = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
@@ -135,18 +149,11 @@ def test_oom_prone_config_is_tuned_down_until_stable(tmp_path: Path) -> None:
     """0.97 utilization, 16-bit KV, 8192 batched tokens under the seed's long prompts: the engine
     dies of a CUDA OOM; the `oom` policy lowers utilization and restarts it; it ends stable."""
     port = _free_port()
-    greedy = {
-        "gpu_memory_utilization": 0.97,
-        "max_model_len": 32768,
-        "max_num_seqs": 16,
-        "max_num_batched_tokens": 8192,
-        "kv_cache_dtype": "auto",
-    }
     config = _config(
         tmp_path,
         port,
-        greedy,
-        {"gpu_memory_utilization": [0.80, 0.97], "max_num_batched_tokens": [1024, 8192]},
+        GREEDY,
+        GREEDY_BOUNDS,
         policies=_policies(tmp_path, "oom"),
     )
     url = f"http://127.0.0.1:{port}"
@@ -269,19 +276,12 @@ def test_an_engine_that_dies_of_an_oom_before_any_tick_measured_it_is_calibrated
     to the notch (it was, before: 0.97 → 0.94). (tests/unit/test_diagnosis.py has torch's
     "total capacity" read from recorded texts.)"""
     said: list[dict[str, object]] = []
-    greedy = {
-        "gpu_memory_utilization": 0.97,
-        "max_model_len": 32768,
-        "max_num_seqs": 16,
-        "max_num_batched_tokens": 8192,
-        "kv_cache_dtype": "auto",
-    }
     daemon = sim_daemon(
         tmp_path,
-        settings=greedy,
+        settings=GREEDY,
         policies=(str(_policies(tmp_path, "oom")),),
         said=said,
-        bounds={"gpu_memory_utilization": [0.80, 0.97], "max_num_batched_tokens": [1024, 8192]},
+        bounds=GREEDY_BOUNDS,
     )
     try:
         started(daemon)

@@ -191,6 +191,30 @@ def _rollback(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _ask(
+    state: State,
+    args: argparse.Namespace,
+    *,
+    kind: str,
+    change: dict[str, Any],
+    current: dict[str, Any],
+    target: dict[str, Any],
+) -> None:
+    """A person's rollback of ``change``, recorded as asked for: the running tunerd carries
+    out the newest of each ``kind`` (``rollback``: settings; ``gate``: the gate's limits)."""
+    state.record_action(
+        engine=args.engine,
+        kind=kind,
+        mode="act",
+        outcome="proposed",
+        reason=f"{args.reason} (undoes #{change['id']})",
+        now=SYSTEM_CLOCK.now(),
+        from_settings=current,
+        to_settings=target,
+        evidence={"asked_by": _who(), "undoes": change["id"]},
+    )
+
+
 def _ask_settings_rollback(state: State, args: argparse.Namespace, change: dict[str, Any]) -> str:
     record = state.engine(args.engine)
     if record is None or record.running is None:
@@ -199,17 +223,7 @@ def _ask_settings_rollback(state: State, args: argparse.Namespace, change: dict[
     target = change["from_settings"]
     if target == running:
         raise UsageError(f"{args.engine}: already running the settings before its last change")
-    state.record_action(
-        engine=args.engine,
-        kind="rollback",
-        mode="act",
-        outcome="proposed",
-        reason=f"{args.reason} (undoes #{change['id']})",
-        now=SYSTEM_CLOCK.now(),
-        from_settings=running,
-        to_settings=target,
-        evidence={"asked_by": _who(), "undoes": change["id"]},
-    )
+    _ask(state, args, kind="rollback", change=change, current=running, target=target)
     return (
         f"{args.engine}: rollback of #{change['id']} asked; the running tunerd restarts it with "
         f"{' '.join(settings_to_args(target))}"
@@ -219,17 +233,7 @@ def _ask_settings_rollback(state: State, args: argparse.Namespace, change: dict[
 def _ask_gate_rollback(state: State, args: argparse.Namespace, change: dict[str, Any]) -> str:
     """The last change was of the gate's limits: ask for those before it (live, no restart)."""
     target, current = change["from_settings"], change["to_settings"]
-    state.record_action(
-        engine=args.engine,
-        kind="gate",
-        mode="act",
-        outcome="proposed",
-        reason=f"{args.reason} (undoes #{change['id']})",
-        now=SYSTEM_CLOCK.now(),
-        from_settings=current,
-        to_settings=target,
-        evidence={"asked_by": _who(), "undoes": change["id"]},
-    )
+    _ask(state, args, kind="gate", change=change, current=current, target=target)
     words = ", ".join(f"{knob} {current.get(knob)} → {value}" for knob, value in target.items())
     return (
         f"{args.engine}: rollback of gate change #{change['id']} asked; the running tunerd sets the "
