@@ -25,6 +25,7 @@ from tests.integration.cli import run_tunerd
 from tests.integration.gate_world import (
     SEED_ENGINE,
     GateWorld,
+    gate_config,
     gate_world,
     metric,
     start_gate,
@@ -591,4 +592,68 @@ def test_the_config_in_docs_gate_md_runs_as_written(tmp_path: Path) -> None:
         assert answer.status_code == 200
     finally:
         gate.stop()
+        sim.stop()
+
+
+class _DropsOneRequest:
+    """A loopback TCP hop between the gate and the simulator that closes, without a byte of
+    answer, the connection carrying the first ``POST /v1/completions`` — as a busy vLLM now and
+    then drops a connection (seen behind the gate on the real CPU engine: a 502 for one
+    request of a clean-clone run) — and passes everything else through."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.dropped = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._pipe_pair, args=(client,), daemon=True).start()
+
+    def _pipe_pair(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.target))
+        threading.Thread(target=self._copy, args=(upstream, client, False), daemon=True).start()
+        self._copy(client, upstream, True)
+
+    def _copy(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if requests and not self.dropped and data.startswith(b"POST /v1/completions"):
+                    self.dropped += 1
+                    break
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_request_the_engine_drops_before_answering_is_asked_again_not_failed(tmp_path: Path) -> None:
+    engine_port = free_port()
+    sim = start_sim(engine_port, *SEED_ENGINE)
+    hop = _DropsOneRequest(engine_port)
+    try:
+        wait_healthy(f"http://127.0.0.1:{engine_port}")
+        config, _, port = gate_config(tmp_path, hop.port)
+        gate = start_gate(config)
+        try:
+            gate.wait_event("gate_engine_up")
+            answer = _post(f"http://127.0.0.1:{port}/v1/completions", {"prompt": "hi", "max_tokens": 2})
+            assert answer.status_code == 200, answer.text
+            assert hop.dropped == 1
+            page = httpx.get(f"http://127.0.0.1:{port}/gate/metrics", timeout=5).text
+            assert metric(page, "tunerd_gate_decisions_total", outcome="retried") == 1
+        finally:
+            gate.stop()
+    finally:
+        hop.close()
         sim.stop()

@@ -45,6 +45,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -216,18 +217,24 @@ def test_the_gate_held_its_clients_through_the_restart(story: Story) -> None:
     new one; the direct clients' requests of those moments failed."""
     stopping = story.tunerd.wait_event("restart_step", 0, lambda e: e["step"] == "stopping")["at"]
     serving = story.tunerd.wait_event("restart_step", 0, lambda e: e["step"] == "probation")["at"]
-    assert story.tunerd.wait_event("gate_hold", 0)["seconds"] > 30  # the drain and a start-up
+    hold = story.tunerd.wait_event("gate_hold", 0)
+    assert hold["seconds"] > 30  # the drain and a start-up
+    # the gate had said yes by the time tunerd logged it: before the SIGTERM, which the next
+    # step of the restart sends. (Not a fixed second after the step: on a loaded 2-core CI box
+    # the hold took longer than that to reach the gate, and the old engine served, whole, what
+    # came in meanwhile — the clean-clone failure this replaced.)
+    hold_on = datetime.fromisoformat(hold["timestamp"]).timestamp()
     story.tunerd.wait_event("gate_release", 0)
-    around = _around(story.gated, stopping)
+    around = f"(the hold was on at {hold_on - stopping:+.2f} s)\n" + _around(story.gated, stopping)
     assert story.gated, "no request went through the gate"
     failed = [r for r in story.gated if not r.whole(SETTINGS["max_model_len"]) or r.detail]
     assert not failed, around
-    # sent once the hold was on (a second after the step, which holds before the SIGTERM),
-    # before the new engine served: each waited at the gate and got its first token from it
-    held = [r for r in story.gated if stopping + 1 < r.started < serving]
+    # sent once the hold was on, before the new engine served: each waited at the gate and got
+    # its first token from the new engine
+    held = [r for r in story.gated if hold_on < r.started < serving]
     assert held, around
     assert all(r.first_token is not None and r.first_token > serving - 1 for r in held), around
-    direct = [r for r in story.requests if stopping + 1 < r.started < serving]
+    direct = [r for r in story.requests if hold_on < r.started < serving]
     # (the new engine may serve a direct one in the moments before tunerd has seen it healthy)
     assert any(not r.whole(SETTINGS["max_model_len"]) for r in direct), _around(story.requests, stopping)
 
@@ -253,21 +260,35 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
         ]
         body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 300, "ignore_eos": True}
         body |= {"stream": True, "stream_options": {"include_usage": True}}
-        content: list[float] = []  # when each content chunk came
-        usage: dict[str, Any] = {}
-        with httpx.stream("POST", story.gate_url + "/v1/chat/completions", json=body, timeout=120) as answer:
-            assert answer.status_code == 200, answer.read()
-            for line in answer.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: ") :])
-                if any(choice["delta"].get("content") for choice in chunk.get("choices", [])):
-                    content.append(time.monotonic())
-                usage = chunk.get("usage") or usage
-        assert usage["completion_tokens"] == 300
-        assert len(content) >= 250  # a chunk a token (a few tokens decode to no text)
-        assert content[-1] - content[0] > 0.3  # they came as generated, not at the end in one piece
-        assert compared() == before + 1  # this one was counted exactly and compared
+
+        def stream() -> tuple[list[float], dict[str, Any]]:
+            content: list[float] = []  # when each content chunk came
+            usage: dict[str, Any] = {}
+            with httpx.stream(
+                "POST", story.gate_url + "/v1/chat/completions", json=body, timeout=120
+            ) as answer:
+                assert answer.status_code == 200, answer.read()
+                for line in answer.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data: ") :])
+                    if any(choice["delta"].get("content") for choice in chunk.get("choices", [])):
+                        content.append(time.monotonic())
+                    usage = chunk.get("usage") or usage
+            return content, usage
+
+        # they came as generated, not at the end in one piece. A box too loaded to run the
+        # engine's API server (or this client) during the generation delivers them in one burst
+        # too — seen once on a busy machine: all 300 within 2 ms — so a burst is tried again; a
+        # gate that buffered would burst every time.
+        spreads: list[float] = []
+        while len(spreads) < 3 and (not spreads or spreads[-1] <= 0.3):
+            content, usage = stream()
+            assert usage["completion_tokens"] == 300
+            assert len(content) >= 250  # a chunk a token (a few tokens decode to no text)
+            spreads.append(content[-1] - content[0])
+        assert spreads[-1] > 0.3, f"the chunks came in one burst each time: spread {spreads} s"
+        assert compared() == before + len(spreads)  # each was counted exactly and compared
         assert abs(_gate_status(story)["last_count_error_ratio"]) <= 0.02, usage
         # a prompt whose byte bound (≥ 390) is over the budget (≈ 245 tokens) too: counted first
         plain = {
@@ -277,7 +298,7 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
         }
         answer = httpx.post(story.gate_url + "/v1/completions", json=plain, timeout=60)
         assert answer.status_code == 200, answer.text
-        assert compared() == before + 2
+        assert compared() == before + len(spreads) + 1
         assert abs(_gate_status(story)["last_count_error_ratio"]) <= 0.02, answer.json()["usage"]
     finally:
         assert _limits(story, {"target_fraction": 0.9}).status_code == 200
@@ -292,26 +313,38 @@ def test_a_client_that_leaves_mid_stream_stops_the_engines_generation(story: Sto
     def generated() -> float:
         return metric(httpx.get(story.url + "/metrics", timeout=10).text, "vllm:generation_tokens_total")
 
-    before = generated()
     asked = SETTINGS["max_model_len"] - 48  # the most the prompt leaves room for
     body = {"model": MODEL_NAME, "prompt": "a long answer please", "max_tokens": asked, "ignore_eos": True}
-    with httpx.stream(
-        "POST", story.gate_url + "/v1/completions", json={**body, "stream": True}, timeout=120
-    ) as answer:
-        assert answer.status_code == 200
-        for line in answer.iter_lines():
-            if line.startswith("data: "):
-                break  # and leave: the stream is closed here
-    left = generated()
-    deadline = time.monotonic() + 15
-    while metric(httpx.get(story.url + "/metrics", timeout=10).text, "vllm:num_requests_running") > 0:
-        assert time.monotonic() < deadline, "the engine still runs the request its client left"
-        time.sleep(0.1)
-    settled = generated()
-    time.sleep(1.0)
-    assert generated() == settled
-    assert settled - before < asked, (
-        f"{left - before:.0f} generated when the client left, {settled - before:.0f} in all"
+
+    def leave_at_the_first_token() -> tuple[float, float]:
+        """(generated when the client left, generated in all) for one request it leaves."""
+        before = generated()
+        with httpx.stream(
+            "POST", story.gate_url + "/v1/completions", json={**body, "stream": True}, timeout=120
+        ) as answer:
+            assert answer.status_code == 200
+            for line in answer.iter_lines():
+                if line.startswith("data: "):
+                    break  # and leave: the stream is closed here
+        left = generated()
+        deadline = time.monotonic() + 15
+        while metric(httpx.get(story.url + "/metrics", timeout=10).text, "vllm:num_requests_running") > 0:
+            assert time.monotonic() < deadline, "the engine still runs the request its client left"
+            time.sleep(0.1)
+        settled = generated()
+        time.sleep(1.0)
+        assert generated() == settled
+        return left - before, settled - before
+
+    # A box too loaded to run the engine's API server while it generates delivers the whole
+    # stream in one burst at the end (seen: all 2,000 generated when the first chunk came, as the
+    # streaming test saw all 300 chunks within 2 ms): then there is nothing left to cancel, so
+    # such a try is made again. A gate that did not cancel would generate all of it every time.
+    tries: list[tuple[float, float]] = []
+    while len(tries) < 3 and (not tries or tries[-1][1] >= asked):
+        tries.append(leave_at_the_first_token())
+    assert tries[-1][1] < asked, "; ".join(
+        f"{left:.0f} generated when the client left, {total:.0f} in all" for left, total in tries
     )
 
 

@@ -428,15 +428,29 @@ class EngineGate:
         headers = list(_forwarded(request.headers.items()))
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONTROL_TIMEOUT_S, sock_read=UPSTREAM_READ_S)
         try:
-            upstream_cm = self.session.request(
-                request.method,
-                url,
-                data=body or None,
-                headers=headers,
-                timeout=timeout,
-                allow_redirects=False,
-            )
-            upstream = await upstream_cm.__aenter__()
+            for attempt in range(2):
+                upstream_cm = self.session.request(
+                    request.method,
+                    url,
+                    data=body or None,
+                    headers=headers,
+                    timeout=timeout,
+                    allow_redirects=False,
+                )
+                try:
+                    upstream = await upstream_cm.__aenter__()
+                    break
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
+                    # the engine closed the connection before any answer (a busy vLLM does, now
+                    # and then: a pooled connection it had dropped, or a reset): nothing of it
+                    # reached the client, so the gate asks once more rather than fail it
+                    if (
+                        attempt
+                        or isinstance(error, aiohttp.ClientConnectorError)
+                        or self._cut_by_hold(ticket)
+                    ):
+                        raise
+                    self.admission.counts[("retried", "engine_gave_no_answer")] += 1
         except aiohttp.ClientConnectorError as error:
             if ticket is None:
                 return _error(
@@ -444,7 +458,7 @@ class EngineGate:
                 )
             raise _EngineRefused from error
         except (aiohttp.ClientError, TimeoutError) as error:
-            if ticket is not None and self.admission.held(self.monotonic()):
+            if self._cut_by_hold(ticket):
                 raise _EngineRefused from error  # cut off by the restart the gate holds for: not served
             return _error(
                 502, f"the engine at {self.url} gave no answer: {type(error).__name__}", "BadGatewayError"
@@ -483,6 +497,10 @@ class EngineGate:
             raise
         finally:
             await upstream_cm.__aexit__(None, None, None)
+
+    def _cut_by_hold(self, ticket: Ticket | None) -> bool:
+        """A gated request the engine failed while the gate holds for its restart."""
+        return ticket is not None and self.admission.held(self.monotonic())
 
     def _usage(self, ticket: Ticket, engine_count: int | None) -> None:
         if engine_count:
