@@ -125,15 +125,56 @@ class Series:
         :class:`Sample` per point: what detectors scan every tick."""
         if not self._count:
             return [], []
-        times, values, generations = self._ordered()
         if generation is None:
-            generation = generations[-1]
-        # Time only moves forward and generations only go up, so both are sorted: bisect.
-        low = max(bisect.bisect_left(times, now - seconds), bisect.bisect_left(generations, generation))
-        high = min(bisect.bisect_right(times, now), bisect.bisect_right(generations, generation))
+            generation = self._generations[(self._next - 1) % self.capacity]
+        # Time only moves forward and generations only go up, so both are sorted: bisect, in
+        # the ring's two sorted runs, copying only the window (not the whole ring).
+        low = max(
+            self._find(self._times, now - seconds, False), self._find(self._generations, generation, False)
+        )
+        high = min(self._find(self._times, now, True), self._find(self._generations, generation, True))
         if low >= high:
             return [], []
-        return times[low:high].tolist(), values[low:high].tolist()
+        return self._slice(self._times, low, high), self._slice(self._values, low, high)
+
+    def _runs(self) -> tuple[int, int]:
+        """Where the oldest sample is in the ring and how many follow it before the ring's end."""
+        start = (self._next - self._count) % self.capacity
+        return start, min(self._count, self.capacity - start)
+
+    def _find(self, column: array[Any], value: float, right: bool) -> int:
+        """The position (0 = the oldest held) where ``value`` goes in ``column``'s order."""
+        start, first = self._runs()
+        search = bisect.bisect_right if right else bisect.bisect_left
+        found = search(column, value, start, start + first)
+        if found < start + first or first == self._count:
+            return found - start
+        return first + search(column, value, 0, self._count - first)
+
+    def _slice(self, column: array[Any], low: int, high: int) -> list[Any]:
+        """Positions ``low`` to ``high`` (oldest = 0) of ``column``, as a list."""
+        start, first = self._runs()
+        if high <= first:
+            return column[start + low : start + high].tolist()
+        if low >= first:
+            return column[low - first : high - first].tolist()
+        return column[start + low : start + first].tolist() + column[: high - first].tolist()
+
+    def span(self, since: float, until: float) -> list[Sample]:
+        """Every sample with ``since ≤ time ≤ until``, of any generation, oldest first (a
+        recording's window: it may span a restart)."""
+        if not self._count:
+            return []
+        low, high = self._find(self._times, since, False), self._find(self._times, until, True)
+        if low >= high:
+            return []
+        times = self._slice(self._times, low, high)
+        values = self._slice(self._values, low, high)
+        generations = self._slice(self._generations, low, high)
+        return [
+            Sample(t, None if math.isnan(v) else v, g)
+            for t, v, g in zip(times, values, generations, strict=True)
+        ]
 
     def window(self, now: float, seconds: float, generation: int | None = None) -> list[Sample]:
         """Samples with ``now − seconds ≤ time ≤ now`` of one generation (default: the latest
@@ -226,6 +267,10 @@ class Store:
     ) -> tuple[list[float], list[float]]:
         series = self._series.get((signal, scope))
         return series.points(now, seconds, generation) if series is not None else ([], [])
+
+    def span(self, signal: str, scope: str, since: float, until: float) -> list[Sample]:
+        series = self._series.get((signal, scope))
+        return series.span(since, until) if series is not None else []
 
     def scopes(self) -> set[str]:
         return {scope for _, scope in self._series}
