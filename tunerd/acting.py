@@ -37,6 +37,7 @@ from tunerd.outcomes import CrashResponse, Mode, SagaResult
 from tunerd.planner.calibration import Observation
 from tunerd.planner.rightsize import Workload
 from tunerd.policy.engine import ActionPlan, PolicyState
+from tunerd.recording import Tape
 from tunerd.signals import EngineMemory, share_a_gpu
 from tunerd.sources.engine_log import FileFollower
 from tunerd.sources.vllm_metrics import MetricsClient, MetricsSnapshot
@@ -90,6 +91,8 @@ class EngineLoop:
     gate: dict[str, Any] | None = None
     #: a restart holds new requests at the gate: the hold is lifted once the engine serves again
     gate_held: bool = False
+    #: every tick's evaluation (context, policy states, decision): recordings and incidents
+    tape: Tape = field(default_factory=Tape)
 
     @property
     def name(self) -> str:

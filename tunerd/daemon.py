@@ -64,6 +64,7 @@ from tunerd.planner.rightsize import (
 )
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
+from tunerd.recorder import IncidentRecorder
 from tunerd.sampler import Sampler
 from tunerd.scheduler import LOGS, LOOP, STALL_MARGIN_S, Jobs
 from tunerd.sdnotify import Notifier
@@ -161,6 +162,7 @@ class Daemon:
         self.lock.acquire()
         self.state = State.open(config.state_dir)
         self.store = Store.for_retention(RETENTION_S, max(config.metrics.interval, 0.25))
+        self.recorder = IncidentRecorder(self.state, self.store, self.say)
         self.gpu = gpu or gpu_source(config.gpu.source, config.gpu.url)
         self.sampler = Sampler(self.gpu, config.gpu.interval, self.notifier, clock)
         self.jobs: Jobs | None = None  # started with the sampling, in start() or run()
@@ -837,6 +839,10 @@ class Daemon:
             loop.supervisor.close()  # the engine keeps running; a unit's journal copy stops
             loop.metrics.close()
         self.gpu.close()
+        try:  # the open incidents get the minutes after that there were
+            self.recorder.flush(self.engines, self.clock.now())
+        except Exception as error:
+            self.say("incident_unwritten", kind="open incidents", error=f"{type(error).__name__}: {error}")
         self.state.close()
         self.lock.release()
 
@@ -852,6 +858,8 @@ class Daemon:
             for loop in self.engines
             if not self._each(loop, "tick", lambda loop: self._tick_engine(loop, reading, now))
         ]
+        for loop in self.engines:  # its failure is said; it never counts against the loop
+            self._each(loop, "incidents", lambda loop: self.recorder.tick(loop, reading, now))
         if failed:  # the other engines had their tick; this one counts toward TICK_FAILURES_TO_STOP
             raise RuntimeError(f"the tick failed for {', '.join(failed)}")
 
@@ -1252,6 +1260,7 @@ class Daemon:
                 self._advance(loop)
                 return
         crash = supervisor.crashed()
+        new_crash = False
         if (why := supervisor.take_adopted_by_hand()) is not None:
             self.actor.alert_adopted(loop, why)  # a person restarted it with flags of theirs
         if crash is None and self.actor.rollback_asked(loop):
@@ -1271,6 +1280,7 @@ class Daemon:
                 loop.free_at_start = (int(free), int(total))
             if crash.get("kind") == "cuda_oom":
                 self._observe_oom(loop, crash, now)
+            new_crash = True
             self.say("engine_crash", engine=name, kind=crash.get("kind"), message=crash.get("message"))
         context = EngineContext(
             name=name,
@@ -1284,7 +1294,16 @@ class Daemon:
             gate=_gate_limits(loop.gate) if loop.config.gate is not None else None,
             gate_fits=self._gate_fits(loop),
         )
-        loop.policy_states, plan = evaluate(self.policies, loop.policy_states, self.store, context, now)
+        before = loop.policy_states
+        loop.policy_states, plan = evaluate(self.policies, before, self.store, context, now)
+        loop.tape.tick(now, context, before, plan)
+        if new_crash:  # its incident, with what the policies decided, before the restart begins
+            try:
+                self.recorder.crash(loop, crash or {}, reading, now, plan)
+            except Exception as error:  # said; the recovery goes on
+                self.say(
+                    "incident_unwritten", engine=name, kind="crash", error=f"{type(error).__name__}: {error}"
+                )
         if plan is not None and plan.changes and plan.prediction is None:
             plan = replace(plan, prediction=self._predict(loop, plan.after))
         self._resolve_cleared(loop, now)
@@ -1341,6 +1360,9 @@ class Daemon:
         record (a full disk) the alert still goes: said in the log instead, never raised — a
         retry of what raised it would send it twice."""
         alert = outgoing.alert
+        texts = self.recorder.postmortem_for(alert.engine, alert.time) if not alert.test else None
+        if texts is not None and alert.status == "firing" and alert.postmortem is None:
+            alert = replace(alert, postmortem=texts)  # a crash's alerts quote its incident
         sent = self.dispatcher.submit(alert, outgoing.sinks) if self.dispatcher is not None else []
         where = (
             f"sent to {', '.join(sent)}"

@@ -38,7 +38,7 @@ import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,9 @@ __all__ = [
 DB_NAME = "tunerd.db"
 #: observations kept per engine (older ones are dropped as new ones are written)
 OBSERVATIONS_KEPT = 50
+#: incidents kept (each holds minutes of samples, compressed: ~100 KiB) and for how long
+INCIDENTS_KEPT = 200
+INCIDENT_RETENTION_S = 30 * 86400.0
 LOCK_NAME = "tunerd.lock"
 ACTION_KINDS = ("tune", "restart", "rollback", "hold", "resume", "pin", "adopt", "notify", "gate")
 OUTCOMES = ("proposed", "applied", "succeeded", "failed", "rolled_back", "skipped")
@@ -124,6 +127,19 @@ CREATE TABLE IF NOT EXISTS intents (
     kind TEXT NOT NULL DEFAULT 'restart',
     note TEXT
 );
+CREATE TABLE IF NOT EXISTS incidents (
+    id INTEGER PRIMARY KEY,
+    engine TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    at REAL NOT NULL,
+    summary TEXT NOT NULL,
+    action_ids TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    recording BLOB NOT NULL,
+    complete INTEGER NOT NULL DEFAULT 0,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS incidents_by_engine ON incidents(engine, id);
 """
 #: columns added since the first release: (table, column, type), added to older databases
 _ADDED_COLUMNS = (
@@ -670,10 +686,100 @@ class State:
         rows = self._read(query, ((engine, limit) if engine else (limit,))).fetchall()
         return [_action(row) for row in rows]
 
+    def history_after(self, engine: str, action_id: int) -> list[dict[str, Any]]:
+        """The engine's history records newer than ``action_id``, oldest first."""
+        rows = self._read(
+            "SELECT * FROM actions WHERE engine = ? AND id > ? ORDER BY id LIMIT 100", (engine, action_id)
+        ).fetchall()
+        return [_action(row) for row in rows]
+
     def action(self, action_id: int) -> dict[str, Any] | None:
         """One history record by its id."""
         row = self._read("SELECT * FROM actions WHERE id = ?", (action_id,)).fetchone()
         return None if row is None else _action(row)
+
+    # -- incidents (docs/incidents.md) ------------------------------------------------------
+    def add_incident(
+        self,
+        *,
+        engine: str,
+        kind: str,
+        at: float,
+        summary: str,
+        detail: Mapping[str, Any],
+        recording: bytes,
+        now: float,
+        action_ids: Sequence[int] = (),
+        keep: int = INCIDENTS_KEPT,
+        retention: float = INCIDENT_RETENTION_S,
+    ) -> int:
+        """Write an incident (its recording compressed by the caller) in one transaction, and
+        drop the oldest past ``keep`` or older than ``retention``."""
+        with self.transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO incidents (engine, kind, at, summary, action_ids, detail, recording, complete, "
+                "updated) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?)",
+                (
+                    engine,
+                    kind,
+                    at,
+                    summary,
+                    json.dumps(list(action_ids)),
+                    json.dumps(detail, sort_keys=True, default=str),
+                    recording,
+                    now,
+                ),
+            )
+            db.execute("DELETE FROM incidents WHERE at < ?", (now - retention,))
+            db.execute(
+                "DELETE FROM incidents WHERE id NOT IN (SELECT id FROM incidents ORDER BY id DESC LIMIT ?)",
+                (keep,),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def update_incident(
+        self,
+        incident_id: int,
+        now: float,
+        *,
+        action_ids: Sequence[int] | None = None,
+        detail: Mapping[str, Any] | None = None,
+        recording: bytes | None = None,
+        complete: bool | None = None,
+        summary: str | None = None,
+    ) -> None:
+        sets: list[str] = ["updated = ?"]
+        values: list[Any] = [now]
+        for column, value in (
+            ("action_ids", None if action_ids is None else json.dumps(list(action_ids))),
+            ("detail", None if detail is None else json.dumps(detail, sort_keys=True, default=str)),
+            ("recording", recording),
+            ("complete", None if complete is None else int(complete)),
+            ("summary", summary),
+        ):
+            if value is not None:
+                sets.append(f"{column} = ?")
+                values.append(value)
+        with self.transaction() as db:
+            db.execute(f"UPDATE incidents SET {', '.join(sets)} WHERE id = ?", (*values, incident_id))
+
+    def incidents(self, engine: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Incidents newest first, without their recordings."""
+        where = " WHERE engine = ?" if engine else ""
+        rows = self._read(
+            "SELECT id, engine, kind, at, summary, action_ids, complete FROM incidents"
+            + where
+            + " ORDER BY id DESC LIMIT ?",
+            ((engine, limit) if engine else (limit,)),
+        ).fetchall()
+        return [_incident(row) for row in rows]
+
+    def incident(self, incident_id: int) -> dict[str, Any] | None:
+        """One incident with its detail and its recording (compressed bytes)."""
+        row = self._read("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        if row is None:
+            return None
+        return _incident(row) | {"detail": json.loads(row["detail"]), "recording": bytes(row["recording"])}
 
     def checkpoint(self) -> None:
         """Fold the write-ahead log into the database (it otherwise grows between automatic
@@ -844,6 +950,19 @@ def _action(row: sqlite3.Row) -> dict[str, Any]:
         "outcome": row["outcome"],
         "reason": row["reason"],
         "evidence": json.loads(row["evidence"]),
+    }
+
+
+def _incident(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "engine": row["engine"],
+        "kind": row["kind"],
+        "at": _iso(row["at"]),
+        "time": row["at"],
+        "summary": row["summary"],
+        "action_ids": json.loads(row["action_ids"]),
+        "complete": bool(row["complete"]),
     }
 
 

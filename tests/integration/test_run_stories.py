@@ -205,6 +205,52 @@ def test_oom_prone_config_is_tuned_down_until_stable(tmp_path: Path) -> None:
     served = int(summary.split("requests: ")[1].split(" ok")[0])
     assert served >= 100, summary
     assert record.running == record.last_known_good
+    _the_crash_is_an_incident(tmp_path, state, tunes[-1]["id"])
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "tunerd", *args]
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+
+
+def _the_crash_is_an_incident(tmp_path: Path, state: State, tune_id: int) -> None:
+    """Issue 20: the OOM is an incident, written before the restart that answered it (which
+    joined it), with the time after it; its post-mortem names the crash and the GPU's
+    peak; its recording replays to the decision the daemon made."""
+    incidents = state.incidents()
+    crashes = [i for i in incidents if i["kind"] == "crash"]
+    assert len(crashes) == 1, incidents
+    crash = crashes[0]
+    assert crash["action_ids"] == [tune_id], crash
+    tuned_at = state._read("SELECT time FROM actions WHERE id = ?", (tune_id,)).fetchone()[0]
+    assert crash["time"] <= tuned_at  # written in the tick that saw the crash, before the restart
+    state_dir = str(tmp_path / "state")
+    listed = _run_cli("incident", "list", "--json", "--state-dir", state_dir)
+    assert listed.returncode == 0, listed.stderr
+    assert [i["id"] for i in json.loads(listed.stdout)["incidents"]] == [crash["id"]]
+    shown = _run_cli("incident", "show", str(crash["id"]), "--state-dir", state_dir)
+    assert shown.returncode == 0, shown.stderr
+    for words in ("What filled the GPU", "cuda_oom", "Suspected cause", f"#{tune_id} tune → succeeded"):
+        assert words in shown.stdout, shown.stdout
+    report = json.loads(
+        _run_cli("incident", "show", str(crash["id"]), "--json", "--state-dir", state_dir).stdout
+    )
+    assert report["crash"]["kind"] == "cuda_oom", report
+    assert report["peak"]["used_bytes"] > 20 * 2**30, report
+    recording = tmp_path / "oom.jsonl"
+    written = _run_cli("record", "--incident", str(crash["id"]), str(recording), "--state-dir", state_dir)
+    assert written.returncode == 0, written.stderr
+    replayed = _run_cli("replay", str(recording), "--policies", str(tmp_path / "policies.yaml"), "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    lines = [json.loads(line) for line in recording.read_text().splitlines()]
+    ticks = [line["t"] for line in lines[1:] if line.get("tick")]
+    # the two minutes after had not passed when tunerd stopped (wall time; the simulator runs
+    # 50× faster): its stop wrote the time after the crash that there was
+    assert ticks[0] < crash["time"] < ticks[-1], (ticks[0], crash["time"], ticks[-1])
+    decisions = json.loads(replayed.stdout)["decisions"]
+    oom = [d for d in decisions if d["policy"] == "oom"]
+    assert oom, decisions
+    assert all(d["recorded"] and d["replayed"] for d in decisions), decisions
 
 
 def test_a_growing_neighbour_is_alerted_not_tuned_and_the_crash_loop_held(tmp_path: Path) -> None:
@@ -312,3 +358,54 @@ def test_an_engine_that_dies_of_an_oom_before_any_tick_measured_it_is_calibrated
         assert 0.80 <= tune["to_settings"]["gpu_memory_utilization"] < 0.94  # type: ignore[index]
     finally:
         close_daemon(daemon, kill=True)
+
+
+def test_a_crash_incident_survives_kill_9_of_tunerd_right_after_it(tmp_path: Path) -> None:
+    """Issue 20: the numbers are there right after a crash. The engine dies of a CUDA OOM;
+    the moment tunerd says it wrote the incident, tunerd is killed with SIGKILL (no shutdown,
+    nothing flushed): the incident is in the state, its recording readable, its post-mortem
+    shown by `tunerd incident show` — and it was written before the restart that answers the
+    crash began (no restart record after it)."""
+    port = _free_port()
+    config = _config(tmp_path, port, GREEDY, GREEDY_BOUNDS, policies=_policies(tmp_path, "oom"))
+    url = f"http://127.0.0.1:{port}"
+    tunerd = _start_tunerd(config, url)
+    said: list[str] = []
+    try:
+        time.sleep(1.0)  # a few ticks of the engine serving: the recording has them
+        killer = {"prompt_tokens": 30000, "max_tokens": 1, "prompt_logprobs": 1}
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"{url}/v1/completions", json=killer, timeout=30)
+        assert tunerd.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = tunerd.stdout.readline()
+            said.append(line)
+            if '"event": "incident"' in line and '"kind": "crash"' in line:
+                break
+        else:
+            raise AssertionError("no crash incident said:\n" + "".join(said[-40:]))
+        tunerd.kill()  # SIGKILL: the incident must already be on disk
+        tunerd.wait(timeout=10)
+    finally:
+        if tunerd.poll() is None:
+            tunerd.kill()
+        _kill_engine(tmp_path / "state")
+    state = State.open(tmp_path / "state", readonly=True)
+    try:
+        (incident,) = state.incidents()
+        assert incident["kind"] == "crash"
+        assert "cuda_oom" in incident["summary"]
+        # written in the tick that saw the crash: the tune that answers it (if it got that far
+        # before the SIGKILL) was recorded at that tick or later
+        answers = state._read("SELECT time FROM actions WHERE kind = 'tune'").fetchall()
+        assert all(row[0] >= incident["time"] for row in answers), (answers, incident)
+        detail = state.incident(incident["id"])
+        assert detail is not None
+        assert detail["detail"]["crash"]["kind"] == "cuda_oom"
+    finally:
+        state.close()
+    shown = _run_cli("incident", "show", str(incident["id"]), "--state-dir", str(tmp_path / "state"))
+    assert shown.returncode == 0, shown.stderr
+    assert "cuda_oom" in shown.stdout
+    assert "at the peak" in shown.stdout, shown.stdout  # the recording's samples are there

@@ -72,6 +72,8 @@ class Alert:
     count: int = 1  # the same condition repeated this many times in the grouping window
     test: bool = False  # `tunerd notify test`
     since: float | None = None  # a resolve: when the condition began firing
+    #: the incident's short post-mortem by language ("en", "zh"), with the command to see it all
+    postmortem: Mapping[str, str] | None = None
 
     def resolved(self, time: float, summary: str) -> Alert:
         return replace(self, status="resolved", time=time, summary=summary, count=1, since=self.time)
@@ -101,6 +103,7 @@ class Alert:
             "count": self.count,
             "test": self.test,
             "since": None if self.since is None else iso(self.since),
+            "postmortem": None if self.postmortem is None else dict(self.postmortem),
         }
 
 
@@ -220,9 +223,12 @@ def render(alert: Alert, language: str = "en", max_evidence: int = 8) -> Rendere
         colour = "green"
     else:
         colour = {"critical": "red", "warning": "orange"}.get(alert.severity, "blue")  # type: ignore[assignment]
+    summary = alert.summary
+    if alert.postmortem and alert.status == "firing":
+        summary += "\n" + alert.postmortem.get(language, alert.postmortem.get("en", ""))
     return Rendered(
         title=title,
-        summary=alert.summary,
+        summary=summary.rstrip(),
         fields=tuple(fields),
         changes=changes,
         evidence=tuple(evidence[:max_evidence]),

@@ -16,15 +16,17 @@ runs: every problem is :class:`PolicyError`, located; a test runs for at most
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tunerd.policy.engine import ActionPlan, EngineContext, evaluate, new_states
 from tunerd.policy.schema import EVENTS, MODES, Policy, PolicyError, duration_problem, load_policy_files
+from tunerd.recording import Recording, RecordingError, compare, parse_lines, replay
 from tunerd.signals import SIGNALS
 from tunerd.store import Event, Store
 from tunerd.tune import TUNABLES, bounds_problem, validate_value
@@ -132,9 +134,32 @@ def evaluations(test: dict[str, Any], interval: float) -> int:
     return length
 
 
+def _run_recorded(policies: Sequence[Policy], recording: Recording, test: dict[str, Any]) -> TestOutcome:
+    """A test whose input is a recording: its ticks replayed; ``expect`` times count from the
+    recording's first tick; ``expect_as_recorded`` asks for exactly the recorded decisions."""
+    start = float(recording.header.get("from") or 0.0)
+    replayed = replay(recording, policies)
+    plans = [replace(plan, time=t - start) for t, plan in replayed]
+    ticks = [float(line["t"]) for line in recording.lines if line.get("tick")]
+    gaps = sorted(b - a for a, b in itertools.pairwise(ticks))
+    interval = gaps[len(gaps) // 2] if gaps else 1.0  # the tick's pace (a restart's gap is not)
+    outcome = _judge(test, plans, interval)
+    if test.get("expect_as_recorded"):
+        for decision in compare(recording, replayed):
+            if not (decision.recorded and decision.replayed):
+                side = "only replayed" if decision.replayed else "only recorded"
+                outcome.failures.append(
+                    f"at {decision.at - start:g}s {side}: {decision.policy}: {', '.join(decision.actions)}"
+                )
+        outcome.passed = not outcome.failures
+    return outcome
+
+
 def _run_one(
     policies: Sequence[Policy], engine: dict[str, Any], interval: float, test: dict[str, Any]
 ) -> TestOutcome:
+    if isinstance(test.get("_recording"), Recording):
+        return _run_recorded(policies, test["_recording"], test)
     store = Store(capacity=100_000, max_events=10_000)
     series = {name: expand_series(text) for name, text in (test.get("series") or {}).items()}
     length = evaluations(test, interval)
@@ -169,6 +194,11 @@ def _run_one(
                     ladders=context.ladders,
                     mode=context.mode,
                 )
+    return _judge(test, plans, interval)
+
+
+def _judge(test: dict[str, Any], plans: list[ActionPlan], interval: float) -> TestOutcome:
+    """A test's expectations against the plans it produced."""
     outcome = TestOutcome(str(test.get("name")), True, plans=plans)
     used: set[int] = set()
     for expected in test.get("expect") or []:
@@ -243,14 +273,33 @@ def _check_test(test: Any, path: tuple[str | int, ...]) -> list[Problem]:
     problems = [
         Problem(
             (*path, str(key)),
-            "unknown field (allowed: name, series, events, expect, "
-            "expect_no_actions, expect_no_other_actions)",
+            "unknown field (allowed: name, series, events, recording, expect, "
+            "expect_no_actions, expect_no_other_actions, expect_as_recorded)",
             context,
             2,
         )
         for key in set(test)
-        - {"name", "series", "events", "expect", "expect_no_actions", "expect_no_other_actions"}
+        - {
+            "name",
+            "series",
+            "events",
+            "recording",
+            "expect",
+            "expect_no_actions",
+            "expect_no_other_actions",
+            "expect_as_recorded",
+        }
     ]
+    if "recording" in test:
+        if not isinstance(test["recording"], str) or not test["recording"]:
+            problems.append(Problem((*path, "recording"), "expected the recording's file name", context, 2))
+        for other in ("series", "events"):
+            if other in test:
+                problems.append(
+                    Problem(
+                        (*path, other), "a test's input is a recording or series/events, not both", context, 2
+                    )
+                )
     series = test.get("series") or {}
     if not isinstance(series, dict):
         problems.append(Problem((*path, "series"), "expected a mapping of signal: series", context, 2))
@@ -369,6 +418,18 @@ def load_test_file(path: str | Path, text: str | None = None) -> TestFile:
         raise PolicyError(located(source, problems))
     base = Path(path).parent
     policies = load_policy_files([base / name for name in source.data["policies"]])
+    for test in source.data["tests"]:
+        if "recording" in test:
+            where = base / test["recording"]
+            try:
+                with where.open(encoding="utf-8", errors="replace") as handle:
+                    test["_recording"] = parse_lines(handle, str(where))
+            except OSError as error:
+                raise PolicyError(
+                    [f"{path}: test '{test['name']}': {where}: {error.strerror or error}"]
+                ) from None
+            except RecordingError as error:
+                raise PolicyError([f"{path}: test '{test['name']}': {error}"]) from None
     return TestFile(
         path=str(path),
         policies=policies,

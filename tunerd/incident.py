@@ -1,0 +1,367 @@
+"""Incidents: what filled the GPU, who grew, what tunerd did — read from an incident's recording.
+
+The daemon writes an incident (:mod:`tunerd.state`) at every crash and every action it or a
+policy takes: a recording (:mod:`tunerd.recording`) of the minutes before and after, and the
+detail it had at hand (the crash's kind and excerpt, the processes on the GPU, the start-up
+figures, the decision that fired). This module turns that into the post-mortem
+``tunerd incident show`` prints and alerts quote. Pure: bytes in, dictionaries and text out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tunerd.recording import Recording, RecordingError, iter_json_lines, parse_lines
+from tunerd.units import format_size
+
+__all__ = [
+    "AFTER_S",
+    "BEFORE_S",
+    "LOOKBACK_S",
+    "MAX_PACKED_BYTES",
+    "pack",
+    "postmortem",
+    "render",
+    "series",
+    "short",
+    "unpack",
+]
+
+BEFORE_S = 300.0  # the ticks an incident keeps before its moment
+AFTER_S = 120.0  # and after it (the incident is completed once they have passed)
+LOOKBACK_S = 300.0  # samples before the first tick: what the detectors look back over
+MAX_PACKED_BYTES = 4 << 20  # a recording larger than this, compressed, keeps its newest part
+GROWTH_WORTH_NAMING = 256 << 20  # a rise below this is noise in a post-mortem
+
+NEIGHBOUR = "a neighbour grew into the engine's room"
+PLATEAU = "the engine grew past its budget (the prefill plateau: activations beside a full pool)"
+OOM = "the engine ran out of memory"
+SATURATED = "the KV pool saturated"
+#: the causes in Chinese, for the alerts' second language
+CAUSES_ZH = {
+    NEIGHBOUR: "其他进程增长，挤占了引擎的显存",
+    PLATEAU: "引擎超出了预算（prefill 平台：KV 池满时的激活峰值）",
+    OOM: "引擎显存不足",
+    SATURATED: "KV 缓存池饱和",
+}
+
+
+def pack(lines: Sequence[Mapping[str, Any]]) -> bytes:
+    """A recording's lines, compressed; past :data:`MAX_PACKED_BYTES` the oldest body lines go
+    (the header stays)."""
+    body = list(lines[1:]) if lines else []
+    while True:
+        packed = zlib.compress("".join(iter_json_lines([*lines[:1], *body])).encode(), 6)
+        if len(packed) <= MAX_PACKED_BYTES or len(body) < 2:
+            return packed
+        body = body[len(body) // 4 :]
+
+
+def unpack(packed: bytes, where: str = "incident") -> Recording:
+    try:
+        text = zlib.decompress(packed).decode()
+    except (zlib.error, UnicodeDecodeError) as error:
+        raise RecordingError(f"{where}: its recording cannot be read ({error})") from None
+    return parse_lines(text.splitlines(), where)
+
+
+def series(recording: Recording, signal: str) -> list[tuple[float, float | None, int]]:
+    """One signal's samples in the recording: (time, value, generation)."""
+    return [
+        (float(line["t"]), line["samples"][signal], int(line.get("g", 0)))
+        for line in recording.lines
+        if "samples" in line and signal in line["samples"]
+    ]
+
+
+def _values(points: Sequence[tuple[float, float | None, int]]) -> list[tuple[float, float]]:
+    return [(t, float(v)) for t, v, _ in points if v is not None and math.isfinite(v)]
+
+
+def _at(points: Sequence[tuple[float, float]], when: float) -> float | None:
+    found = None
+    for t, v in points:
+        if t > when:
+            break
+        found = v
+    return found
+
+
+def postmortem(incident: Mapping[str, Any], recording: Recording | None) -> dict[str, Any]:
+    """What an operator asks first: the bills at the peak, who grew by how much, the suspected
+    cause and its evidence, what tunerd did. Keys are stable (``tunerd incident show --json``)."""
+    detail = dict(incident.get("detail") or {})
+    at = float(incident.get("time") or 0.0)
+    out: dict[str, Any] = {
+        "id": incident.get("id"),
+        "engine": incident.get("engine"),
+        "kind": incident.get("kind"),
+        "at": incident.get("at"),
+        "summary": incident.get("summary"),
+        "complete": bool(incident.get("complete")),
+        "crash": detail.get("crash"),
+        "decision": detail.get("decision"),
+        "settings": detail.get("settings"),
+        "processes": detail.get("processes") or [],
+        "peak": None,
+        "bills": None,
+        "grew": [],
+        "cause": None,
+        "evidence": [],
+        "actions": detail.get("actions") or [],
+        "window": None,
+    }
+    if recording is None:
+        return out
+    used = _values(series(recording, "gpu_memory_used_bytes"))
+    total = _values(series(recording, "gpu_memory_total_bytes"))
+    engine = _values(series(recording, "engine_memory_bytes"))
+    others = _values(series(recording, "other_processes_memory_bytes"))
+    kv = _values(series(recording, "kv_cache_usage"))
+    running = _values(series(recording, "num_requests_running"))
+    waiting = _values(series(recording, "num_requests_waiting"))
+    preemptions = _values(series(recording, "num_preemptions_total"))
+    times = [float(line["t"]) for line in recording.lines]
+    if times:
+        out["window"] = {"from": min(times), "to": max(times), "ticks": recording.ticks}
+    # the peak: the most used on the GPU up to the incident's moment (after it a restart empties it)
+    upto = [(t, v) for t, v in used if t <= at + 1e-6] or used
+    if upto:
+        peak_t, peak_v = max(upto, key=lambda item: item[1])
+        engine_at = _at(engine, peak_t)
+        others_at = _at(others, peak_t)
+        unattributed = None
+        if engine_at is not None and others_at is not None:
+            unattributed = max(0.0, peak_v - engine_at - others_at)
+        out["peak"] = {
+            "time": peak_t,
+            "used_bytes": peak_v,
+            "total_bytes": _at(total, peak_t),
+            "engine_bytes": engine_at,
+            "others_bytes": others_at,
+            "unattributed_bytes": unattributed,
+            "kv_cache_usage": _at(kv, peak_t),
+            "running": _at(running, peak_t),
+            "waiting": _at(waiting, peak_t),
+        }
+        out["bills"] = _bills(detail.get("figures") or {}, engine_at)
+        out["grew"] = _grew(
+            {"engine": engine, "neighbours": others, "gpu": used},
+            first=min(times) if times else at,
+            upto=peak_t,
+        )
+    over_budget = _values(series(recording, "engine_over_budget_bytes"))
+    signals = {"kv": kv, "preemptions": preemptions, "over_budget": over_budget}
+    out["cause"], out["evidence"] = _cause(out, detail, signals, at)
+    return out
+
+
+def _bills(figures: Mapping[str, Any], engine_at: float | None) -> dict[str, float | None] | None:
+    """The engine's memory at the peak by bill: weights, KV pool and CUDA graphs from its
+    start-up figures, the rest (activations, the CUDA context, fragments) what is left."""
+    weights, kv, graphs = (
+        figures.get(key) for key in ("weights_bytes", "kv_available_bytes", "cuda_graph_bytes")
+    )
+    if engine_at is None or all(value is None for value in (weights, kv, graphs)):
+        return None
+    known = sum(float(value) for value in (weights, kv, graphs) if value is not None)
+    return {
+        "weights_bytes": weights,
+        "kv_pool_bytes": kv,
+        "cuda_graphs_bytes": graphs,
+        "activations_and_runtime_bytes": max(0.0, engine_at - known),
+    }
+
+
+def _grew(
+    owners: Mapping[str, Sequence[tuple[float, float]]], first: float, upto: float
+) -> list[dict[str, Any]]:
+    """Each owner's rise from its least in the window before the peak to the peak, largest
+    first; only rises worth naming."""
+    found = []
+    for owner, points in owners.items():
+        before = [v for t, v in points if first <= t <= upto]
+        if not before:
+            continue
+        low = min(before)
+        at_peak = _at(points, upto)
+        if at_peak is None:
+            continue
+        rise = at_peak - low
+        if rise >= GROWTH_WORTH_NAMING:
+            found.append({"who": owner, "from_bytes": low, "to_bytes": at_peak, "by_bytes": rise})
+    return sorted(found, key=lambda item: -item["by_bytes"])
+
+
+def _cause(
+    out: Mapping[str, Any],
+    detail: Mapping[str, Any],
+    signals: Mapping[str, Sequence[tuple[float, float]]],
+    at: float,
+) -> tuple[str | None, list[str]]:
+    """The suspected cause, in one phrase, and the facts that point to it."""
+    kv, preemptions, over_budget = signals["kv"], signals["preemptions"], signals["over_budget"]
+    evidence: list[str] = []
+    crash = detail.get("crash") or {}
+    grew = {item["who"]: item for item in out.get("grew") or []}
+    if crash.get("kind"):
+        evidence.append(
+            f"crash: {crash['kind']}" + (f" — {brief(crash['message'])}" if crash.get("message") else "")
+        )
+    for who in ("neighbours", "engine"):
+        if who in grew:
+            item = grew[who]
+            evidence.append(
+                f"{who} grew {format_size(item['by_bytes'])} ({format_size(item['from_bytes'])} → "
+                f"{format_size(item['to_bytes'])})"
+            )
+    saturated = [v for t, v in kv if t <= at + 1e-6 and v >= 0.95]
+    rose = preemptions[-1][1] - preemptions[0][1] if len(preemptions) > 1 else 0.0
+    if saturated:
+        evidence.append(f"KV pool at {max(saturated):.0%} used")
+    if rose > 0:
+        evidence.append(f"{rose:.0f} preemptions in the window")
+    decision = detail.get("decision") or {}
+    if decision.get("policy"):
+        evidence.append(
+            f"policy {decision['policy']} fired: {', '.join(decision.get('actions') or []) or 'no action'}"
+        )
+    neighbour = grew.get("neighbours")
+    own = grew.get("engine")
+    over = max((v for t, v in over_budget if t <= at + 1e-6), default=0.0)
+    if over >= GROWTH_WORTH_NAMING:
+        evidence.append(f"the engine held {format_size(over)} more than its budget")
+    if neighbour is not None and (own is None or neighbour["by_bytes"] >= own["by_bytes"]):
+        cause = NEIGHBOUR
+    elif own is not None and over >= GROWTH_WORTH_NAMING:
+        cause = PLATEAU
+    elif crash.get("kind") == "cuda_oom":
+        cause = OOM
+    elif saturated or rose > 0:
+        cause = SATURATED
+    elif crash.get("kind"):
+        cause = f"the engine failed: {crash['kind']}"
+    elif decision.get("policy"):
+        cause = f"policy {decision['policy']} asked for it"
+    else:
+        cause = None
+    return cause, evidence
+
+
+# -- words --------------------------------------------------------------------------------------
+def _size(value: Any) -> str:
+    return "?" if value is None else format_size(float(value))
+
+
+def render(found: Mapping[str, Any]) -> str:
+    """The terminal post-mortem of :func:`postmortem`'s result."""
+    lines = [
+        f"incident {found['id']} · {found['engine']} · {found['kind']} · {found['at']}",
+        f"  {found['summary']}",
+    ]
+    if not found.get("complete"):
+        lines.append("  (the minutes after it are not in yet: tunerd completes an incident 2 minutes on)")
+    peak = found.get("peak")
+    lines.append("")
+    lines.append("What filled the GPU")
+    if peak is None:
+        lines.append("  no GPU samples in the recording")
+    else:
+        total = f" of {_size(peak['total_bytes'])}" if peak.get("total_bytes") else ""
+        lines.append(f"  at the peak ({_clock(peak['time'])}): {_size(peak['used_bytes'])} used{total}")
+        lines.append(
+            f"    engine {_size(peak['engine_bytes'])} · neighbours {_size(peak['others_bytes'])} · "
+            f"unattributed {_size(peak['unattributed_bytes'])}"
+        )
+        if peak.get("kv_cache_usage") is not None:
+            running = "?" if peak.get("running") is None else f"{peak['running']:.0f}"
+            waiting = "?" if peak.get("waiting") is None else f"{peak['waiting']:.0f}"
+            lines.append(
+                f"    KV pool {peak['kv_cache_usage']:.0%} used · {running} running · {waiting} waiting"
+            )
+        bills = found.get("bills")
+        if bills:
+            lines.append(
+                f"    bills: weights {_size(bills['weights_bytes'])} · "
+                f"KV pool {_size(bills['kv_pool_bytes'])} · "
+                f"CUDA graphs {_size(bills['cuda_graphs_bytes'])} · "
+                f"activations and runtime {_size(bills['activations_and_runtime_bytes'])}"
+            )
+    for process in found.get("processes") or []:
+        lines.append(
+            f"    pid {process.get('pid')} {process.get('name') or '?'}: {_size(process.get('used_bytes'))}"
+        )
+    lines.append("")
+    lines.append("Who grew")
+    grew = found.get("grew") or []
+    lines += [
+        f"  {item['who']}: +{_size(item['by_bytes'])} "
+        f"({_size(item['from_bytes'])} → {_size(item['to_bytes'])})"
+        for item in grew
+    ] or ["  nothing rose by more than 256 MiB before the peak"]
+    lines.append("")
+    lines.append(f"Suspected cause: {found.get('cause') or 'not clear from the signals'}")
+    lines += [f"  - {fact}" for fact in found.get("evidence") or []]
+    crash = found.get("crash") or {}
+    words = [line for line in crash.get("excerpt") or [] if not _ACCESS_LINE.search(str(line))]
+    if words:
+        lines.append("  the engine's last words (its access log left out):")
+        lines += [f"    | {line}" for line in words[-8:]]
+    lines.append("")
+    lines.append("What tunerd did")
+    actions = found.get("actions") or []
+    lines += [
+        f"  #{action.get('id')} {action.get('kind')} → {action.get('outcome')}: "
+        f"{brief(action.get('reason'), 240)}"
+        for action in actions
+    ] or ["  nothing yet"]
+    lines.append("")
+    lines.append(
+        f"  tunerd record --incident {found['id']} FILE   its recording, to replay with other policies"
+    )
+    return "\n".join(lines)
+
+
+def short(found: Mapping[str, Any], language: str = "en") -> str:
+    """Two lines for an alert: the cause and the peak, and the command to see the rest."""
+    peak = found.get("peak") or {}
+    grew = found.get("grew") or []
+    if language == "zh":
+        cause = CAUSES_ZH.get(found.get("cause") or "", found.get("cause") or "信号中看不出原因")
+        top = (
+            f"峰值 {_size(peak.get('used_bytes'))}（引擎 {_size(peak.get('engine_bytes'))}，"
+            f"其他进程 {_size(peak.get('others_bytes'))}）"
+        )
+        who = {"engine": "引擎", "neighbours": "其他进程", "gpu": "整卡"}
+        rise = (
+            f"；增长最多：{who.get(grew[0]['who'], grew[0]['who'])} +{_size(grew[0]['by_bytes'])}"
+            if grew
+            else ""
+        )
+        return f"疑似原因：{cause}。{top}{rise}。详情：tunerd incident show {found['id']}"
+    cause = found.get("cause") or "not clear from the signals"
+    top = (
+        f"peak {_size(peak.get('used_bytes'))} (engine {_size(peak.get('engine_bytes'))}, "
+        f"neighbours {_size(peak.get('others_bytes'))})"
+    )
+    rise = f"; grew most: {grew[0]['who']} +{_size(grew[0]['by_bytes'])}" if grew else ""
+    return f"Suspected cause: {cause}. {top}{rise}. More: tunerd incident show {found['id']}"
+
+
+_LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s+\w+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s*")
+_ACCESS_LINE = re.compile(r'^INFO:\s+[\d.:\[\]a-f]+ - "')
+
+
+def brief(text: Any, limit: int = 160) -> str:
+    """A log message for one line: the engine's log prefix gone, cut at ``limit`` characters."""
+    found = _LOG_PREFIX.sub("", " ".join(str(text or "").split()))
+    return found if len(found) <= limit else found[: limit - 1].rstrip() + "…"
+
+
+def _clock(moment: float) -> str:
+    return dt.datetime.fromtimestamp(moment, tz=dt.UTC).strftime("%H:%M:%S UTC")

@@ -1,0 +1,231 @@
+"""The daemon's incident recorder: every crash and every action becomes an incident in the state.
+
+At a crash the incident is written in the tick that sees it, before the recovery restart
+begins (a crash loop cannot lose it; it is in SQLite with ``synchronous=FULL``, so kill -9 of
+tunerd keeps it): the recording of the five minutes before, the crash's kind and the engine's
+last log lines, the processes on the GPU at that moment, the start-up figures. Each action
+the state records (a tune, restart, rollback, hold, gate change) joins the incident of its
+engine opened within :data:`JOIN_S` (the restart that answered a crash joins the crash) or
+opens one. Two minutes on, the incident's recording is written again with the minutes after
+it, and it is complete. An incident that cannot be written is said and tried at the next
+tick; it never stops the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunerd.acting import EngineLoop
+from tunerd.engine.saga import diagnosis_tail
+from tunerd.gpu import GpuReading
+from tunerd.incident import AFTER_S, BEFORE_S, LOOKBACK_S, brief, pack, postmortem, short
+from tunerd.policy.engine import ActionPlan
+from tunerd.recording import Recording, describe
+from tunerd.signals import engine_gpus
+from tunerd.state import State, StateError
+from tunerd.store import Store
+
+__all__ = ["INCIDENT_KINDS", "IncidentRecorder"]
+
+#: the history kinds that make an incident (alerts, pins and resumes are a person's words)
+INCIDENT_KINDS = ("tune", "restart", "rollback", "hold", "gate")
+JOIN_S = 120.0  # an action within this of an open incident of its engine joins it
+
+
+@dataclass
+class _Engine:
+    seen: int | None = None  # the newest history id looked at (None: not yet read)
+    open: dict[int, float] = field(default_factory=dict)  # incident id → its moment, until complete
+    crash: tuple[dict[str, Any], float] | None = None  # a crash whose incident is still to write
+
+
+class IncidentRecorder:
+    def __init__(self, state: State, store: Store, say: Callable[..., None]) -> None:
+        self.state = state
+        self.store = store
+        self.say = say
+        self._engines: dict[str, _Engine] = {}
+        #: engine → (when, the short post-mortem by language) of its last crash's incident
+        self._latest: dict[str, tuple[float, dict[str, str]]] = {}
+
+    def postmortem_for(self, engine: str, now: float) -> dict[str, str] | None:
+        """The short post-mortem of the engine's crash incident of the last two minutes (the
+        alerts of that crash quote it), else None."""
+        found = self._latest.get(engine)
+        return found[1] if found is not None and now - found[0] <= JOIN_S else None
+
+    def _of(self, loop: EngineLoop) -> _Engine:
+        return self._engines.setdefault(loop.name, _Engine())
+
+    def crash(
+        self,
+        loop: EngineLoop,
+        crash: Mapping[str, Any],
+        reading: GpuReading,
+        now: float,
+        plan: ActionPlan | None = None,
+    ) -> None:
+        """The engine crashed: its incident, now — with what the policies decided at this tick —
+        before the recovery starts (it starts after this returns)."""
+        found = self._of(loop)
+        detail = {
+            "decision": describe(plan) if plan is not None else None,
+            "crash": dict(crash)
+            | {"excerpt": diagnosis_tail(loop.supervisor.process) if loop.supervisor.process else []},
+            "processes": _processes(loop, reading),
+            "figures": _figures(loop),
+            "settings": loop.supervisor.running_settings() or dict(loop.config.settings),
+        }
+        found.crash = (detail, now)
+        self._write_crash(loop, found)
+
+    def _write_crash(self, loop: EngineLoop, found: _Engine) -> None:
+        if found.crash is None:
+            return
+        detail, at = found.crash
+        kind = detail["crash"].get("kind") or "unknown"
+        summary = (
+            f"{loop.name} crashed ({kind}): {brief(detail['crash'].get('message')) or 'no failure text'}"
+        )
+        lines = self._lines(loop, at)
+        try:
+            incident = self.state.add_incident(
+                engine=loop.name,
+                kind="crash",
+                at=at,
+                summary=summary,
+                detail=detail,
+                recording=pack(lines),
+                now=at,
+            )
+        except StateError as error:
+            self.say("incident_unwritten", engine=loop.name, kind="crash", error=str(error))
+            return
+        found.crash = None
+        found.open[incident] = at
+        if lines:
+            report = postmortem(
+                {"id": incident, "engine": loop.name, "kind": "crash", "time": at, "detail": detail},
+                Recording(lines[0], lines[1:]),
+            )
+            self._latest[loop.name] = (at, {language: short(report, language) for language in ("en", "zh")})
+        self.say("incident", engine=loop.name, id=incident, kind="crash", summary=summary)
+
+    def tick(self, loop: EngineLoop, reading: GpuReading, now: float) -> None:
+        """New actions of the engine become incidents (or join one); incidents whose minutes
+        after have passed are completed."""
+        found = self._of(loop)
+        self._write_crash(loop, found)
+        if found.seen is None:  # what happened before tunerd started is history, not news
+            newest = self.state.history(loop.name, limit=1)
+            found.seen = newest[0]["id"] if newest else 0
+        for action in self.state.history_after(loop.name, found.seen):
+            found.seen = action["id"]
+            if action["kind"] in INCIDENT_KINDS:
+                self._action(loop, found, action, reading, now)
+        for incident, at in list(found.open.items()):
+            if now >= at + AFTER_S:
+                self.state.update_incident(
+                    incident, now, recording=self._recording(loop, at, after=AFTER_S), complete=True
+                )
+                del found.open[incident]
+
+    def flush(self, loops: list[EngineLoop], now: float) -> None:
+        """tunerd stops: each open incident gets the minutes after it that there were (it stays
+        incomplete unless all of them had passed)."""
+        for loop in loops:
+            found = self._of(loop)
+            self._write_crash(loop, found)
+            for incident, at in list(found.open.items()):
+                after = min(AFTER_S, max(0.0, now - at))
+                self.state.update_incident(
+                    incident, now, recording=self._recording(loop, at, after=after), complete=after >= AFTER_S
+                )
+                del found.open[incident]
+
+    def _action(
+        self, loop: EngineLoop, found: _Engine, action: Mapping[str, Any], reading: GpuReading, now: float
+    ) -> None:
+        entry = {key: action.get(key) for key in ("id", "kind", "outcome", "reason", "policy", "time")}
+        joined = next((i for i, at in found.open.items() if now - at <= JOIN_S), None)
+        if joined is not None:
+            record = self.state.incident(joined)
+            if record is not None:
+                detail = dict(record["detail"])
+                detail["actions"] = [*detail.get("actions", []), entry]
+                self.state.update_incident(
+                    joined, now, action_ids=[*record["action_ids"], action["id"]], detail=detail
+                )
+                return
+        decision = next((d for t, d in reversed(loop.tape.decisions) if now - t <= JOIN_S), None)
+        detail = {
+            "actions": [entry],
+            "decision": decision,
+            "evidence": action.get("evidence"),
+            "processes": _processes(loop, reading),
+            "figures": _figures(loop),
+            "settings": action.get("from_settings") or loop.supervisor.running_settings(),
+        }
+        who = action.get("policy") or "a person"
+        summary = f"{action['kind']} by {who} ({action['outcome']}): {brief(action['reason'])}"
+        incident = self.state.add_incident(
+            engine=loop.name,
+            kind=str(action["kind"]),
+            at=now,
+            summary=summary,
+            detail=detail,
+            recording=self._recording(loop, now),
+            now=now,
+            action_ids=[action["id"]],
+        )
+        found.open[incident] = now
+        self.say("incident", engine=loop.name, id=incident, kind=action["kind"], summary=summary)
+
+    def _lines(self, loop: EngineLoop, at: float, after: float = 0.0) -> list[dict[str, Any]]:
+        return loop.tape.lines(
+            self.store, loop.name, at - BEFORE_S, at + after, lookback=LOOKBACK_S, source="incident"
+        )
+
+    def _recording(self, loop: EngineLoop, at: float, after: float = 0.0) -> bytes:
+        return pack(self._lines(loop, at, after))
+
+
+def _processes(loop: EngineLoop, reading: GpuReading) -> list[dict[str, Any]]:
+    """The processes on the engine's GPUs at the moment, the engine's marked, largest first."""
+    out = []
+    for gpu in engine_gpus(reading.gpus, loop.config.gpus):
+        for process in gpu.processes or ():
+            out.append(
+                {
+                    "gpu": gpu.index,
+                    "pid": process.pid,
+                    "name": process.name,
+                    "used_bytes": process.used_bytes,
+                    "engine": process.pid in loop.engine_pids,
+                }
+            )
+        if gpu.unattributed_bytes:
+            out.append(
+                {
+                    "gpu": gpu.index,
+                    "pid": None,
+                    "name": "(unattributed)",
+                    "used_bytes": gpu.unattributed_bytes,
+                }
+            )
+    return sorted(out, key=lambda item: -(item["used_bytes"] or 0))
+
+
+def _figures(loop: EngineLoop) -> dict[str, Any]:
+    observation = loop.observation
+    if observation is None:
+        return {}
+    return {
+        "weights_bytes": observation.weights_bytes,
+        "kv_available_bytes": observation.kv_available_bytes,
+        "cuda_graph_bytes": observation.cuda_graph_bytes,
+        "cuda_total_bytes": observation.cuda_total_bytes,
+        "kv_cache_tokens": observation.kv_cache_tokens,
+    }
