@@ -77,6 +77,7 @@ bench: $(STAMP)
 	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_gate.py
 	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_gate_restart.py
 	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_gate_seed.py
+	-TUNERD_BENCH_FIGURES=$(FIGURES) $(BIN)/python bench/bench_replay.py
 	$(BIN)/python bench/table.py $(FIGURES)
 
 # ruff, mypy, and the layers: import-linter's contracts (pyproject.toml) keep the flow one way

@@ -1,0 +1,93 @@
+"""The post-mortem read from an incident's recording: the peak, who grew, the cause; the short
+text the alerts quote, in both languages, and how an alert carries it."""
+
+from __future__ import annotations
+
+from tests.unit.notify.test_sinks import alert
+from tunerd.incident import NEIGHBOUR, PLATEAU, pack, postmortem, render, short, unpack
+from tunerd.notify.alert import render as render_alert
+from tunerd.recording import FORMAT, VERSION
+
+GIB = 1 << 30
+
+
+def _recording(neighbour_grows: bool) -> list[dict]:
+    """Two minutes at 1 Hz on a 24 GiB card: the engine (or a neighbour) grows 1.5 GiB, then
+    the crash at t=120."""
+    lines: list[dict] = [
+        {"format": FORMAT, "version": VERSION, "engine": "main", "settings": {}, "states": {}}
+    ]
+    for t in range(121):
+        grown = 1.5 * GIB * min(1.0, max(0.0, (t - 60) / 30))
+        engine = 21.0 * GIB + (0 if neighbour_grows else grown)
+        others = 0.5 * GIB + (grown if neighbour_grows else 0)
+        samples = {
+            "gpu_memory_used_bytes": engine + others,
+            "gpu_memory_total_bytes": 24.0 * GIB,
+            "engine_memory_bytes": engine,
+            "other_processes_memory_bytes": others,
+            "engine_over_budget_bytes": -0.2 * GIB + (0 if neighbour_grows else grown),
+            "kv_cache_usage": 0.6,
+        }
+        lines.append({"t": 1000.0 + t, "g": 0, "samples": samples})
+        lines.append({"t": 1000.0 + t, "tick": True})
+    return lines
+
+
+def _incident(detail: dict) -> dict:
+    return {
+        "id": 7,
+        "engine": "main",
+        "kind": "crash",
+        "at": "…",
+        "time": 1120.0,
+        "detail": detail,
+        "complete": True,
+    }
+
+
+def test_the_engine_growing_past_its_budget_is_the_plateau() -> None:
+    detail = {
+        "crash": {
+            "kind": "cuda_oom",
+            "message": "CUDA out of memory",
+            "excerpt": ["torch.OutOfMemoryError: CUDA"],
+        },
+        "figures": {"weights_bytes": 5 * GIB, "kv_available_bytes": 15 * GIB, "cuda_graph_bytes": GIB // 4},
+    }
+    report = postmortem(_incident(detail), unpack(pack(_recording(neighbour_grows=False))))
+    assert report["cause"] == PLATEAU
+    assert report["peak"]["used_bytes"] == 23.0 * GIB
+    assert report["grew"][0]["who"] in ("engine", "gpu")
+    assert (
+        round(report["bills"]["activations_and_runtime_bytes"] / GIB, 2) == 2.25
+    )  # 22.5 GiB held − 20.25 GiB of known bills
+    text = render(report)
+    for words in (
+        "What filled the GPU",
+        "bills: weights 5.00 GiB",
+        "engine: +1.50 GiB",
+        "torch.OutOfMemoryError",
+    ):
+        assert words in text, text
+
+
+def test_a_neighbour_that_grew_is_named_in_both_languages() -> None:
+    report = postmortem(
+        _incident({"crash": {"kind": "cuda_oom"}}), unpack(pack(_recording(neighbour_grows=True)))
+    )
+    assert report["cause"] == NEIGHBOUR
+    english, chinese = short(report, "en"), short(report, "zh")
+    assert "a neighbour grew" in english
+    assert "其他进程" in chinese
+    assert all("tunerd incident show 7" in text for text in (english, chinese))
+
+
+def test_an_alert_carries_the_post_mortem_in_its_language_while_firing() -> None:
+    texts = {"en": "Suspected cause: a neighbour grew", "zh": "疑似原因：其他进程增长"}
+    firing = alert(postmortem=texts)
+    assert render_alert(firing, "en").summary.endswith(texts["en"])
+    assert render_alert(firing, "zh").summary.endswith(texts["zh"])
+    assert firing.to_dict()["postmortem"] == texts
+    resolved = firing.resolved(firing.time + 60, "over")
+    assert texts["en"] not in render_alert(resolved, "en").summary
