@@ -17,7 +17,9 @@ generations (the store's rule).
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,10 +70,22 @@ def _present(samples: Sequence[Sample] | Sequence[tuple[float, float | None]]) -
 
 def _points(
     store: Store, signal: str, scope: str, now: float, seconds: float
-) -> tuple[bool, list[tuple[float, float]]]:
-    """(whether the series has samples in the window, its present readings)."""
+) -> tuple[bool, list[float], list[float]]:
+    """(whether the series has samples in the window, the present readings' times and values),
+    found once a tick however many policies ask; read-only."""
+    return store.derived(
+        ("present", signal, scope, now, seconds), lambda: _present_points(store, signal, scope, now, seconds)
+    )
+
+
+def _present_points(
+    store: Store, signal: str, scope: str, now: float, seconds: float
+) -> tuple[bool, list[float], list[float]]:
     times, values = store.points(signal, scope, now, seconds)
-    return bool(times), [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
+    if not any(map(math.isnan, values)):  # the usual case, at C speed: every reading present
+        return bool(times), times, values
+    kept = [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
+    return True, [t for t, _ in kept], [v for _, v in kept]
 
 
 def classify_rises(
@@ -81,6 +95,22 @@ def classify_rises(
     stayed (``step``), fell back below half its height (``transient``) or is too fresh to tell
     (``rising``: fewer than two samples at the new level)."""
     points = _present(samples)
+    return _rises([t for t, _ in points], [v for _, v in points], min_step)
+
+
+def _rises(times: list[float], values: list[float], min_step: float) -> list[Rise]:
+    """:func:`classify_rises` of present readings."""
+    if len(values) < 2 or max(values) - min(values) < min_step:
+        return []  # a window narrower than a step holds no rise
+    # No reading as far as ``min_step`` above the high-water mark before it (what a steady
+    # engine shows, tick after tick): no rise, found without a Python loop over the window
+    if max(map(operator.sub, values[1:], itertools.accumulate(values, max))) < min_step:
+        return []
+    return _walk_rises(list(zip(times, values, strict=True)), min_step)
+
+
+def _walk_rises(points: list[tuple[float, float]], min_step: float) -> list[Rise]:
+    """The rises, point by point (what :func:`_rises` does when its quick looks find one)."""
     rises: list[Rise] = []
     high = None
     index = 0
@@ -119,14 +149,14 @@ def classify_rises(
 def counter_rate(store: Store, signal: str, scope: str, now: float, window: float) -> float | None:
     """Per-second increase of a counter over ``window`` (one generation; a decrease is a
     reset, and only what follows it counts). None with fewer than two samples."""
-    _, points = _points(store, signal, scope, now, window)
-    for position in range(len(points) - 1, 0, -1):
-        if points[position][1] < points[position - 1][1]:
-            points = points[position:]
+    _, times, values = _points(store, signal, scope, now, window)
+    for position in range(len(values) - 1, 0, -1):
+        if values[position] < values[position - 1]:
+            times, values = times[position:], values[position:]
             break
-    if len(points) < 2 or points[-1][0] <= points[0][0]:
+    if len(values) < 2 or times[-1] <= times[0]:
         return None
-    return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+    return (values[-1] - values[0]) / (times[-1] - times[0])
 
 
 def _latest(store: Store, signal: str, scope: str, now: float) -> float | None:
@@ -134,15 +164,23 @@ def _latest(store: Store, signal: str, scope: str, now: float) -> float | None:
     return None if sample is None else sample.value
 
 
+def _steps(store: Store, scope: str, now: float) -> tuple[bool, list[Rise] | None]:
+    """(whether the engine's memory has samples in the look-back, its confirmed steps there —
+    None with fewer than three readings)."""
+    exists, times, values = _points(store, "engine_memory_bytes", scope, now, RATCHET_LOOKBACK_S)
+    if len(values) < 3:
+        return exists, None
+    return exists, [rise for rise in _rises(times, values, RATCHET_MIN_STEP) if rise.kind == "step"]
+
+
 def memory_ratchet(store: Store, scope: str, now: float, headroom_below: float | None = None) -> Detection:
     """A confirmed step of the engine's memory within the last minute, while prompt tokens
     flowed; with ``headroom_below``, only when free memory at the top is below it."""
-    exists, points = _points(store, "engine_memory_bytes", scope, now, RATCHET_LOOKBACK_S)
+    exists, steps = store.derived(("ratchet_steps", scope, now), lambda: _steps(store, scope, now))
     if not exists:
         return Detection(False)  # an absent series makes its conditions false
-    if len(points) < 3:
+    if steps is None:
         return Detection(None)
-    steps = [rise for rise in classify_rises(points) if rise.kind == "step"]
     recent = [rise for rise in steps if now - rise.start <= RATCHET_RECENT_S]
     if not recent:
         return Detection(False)
@@ -191,13 +229,13 @@ def neighbour_growth(
 ) -> Detection:
     """Other processes' memory on the engine's GPU rose by ``by`` (default 512 MiB) from its
     lowest point in ``window``."""
-    exists, points = _points(store, "other_processes_memory_bytes", scope, now, window)
+    exists, _, values = _points(store, "other_processes_memory_bytes", scope, now, window)
     if not exists:
         return Detection(False)
-    if not points:
+    if not values:
         return Detection(None)
-    lowest = min(value for _, value in points)
-    latest = points[-1][1]
+    lowest = min(values)
+    latest = values[-1]
     grown = latest - lowest
     threshold = by if by is not None else 512 * MIB
     return Detection(

@@ -14,13 +14,15 @@ import math
 import sys
 from array import array
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from tunerd.signals import SIGNALS
 
 __all__ = ["Event", "Sample", "Series", "Store", "retention_capacity"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,9 @@ class Store:
         self.capacity = capacity  # 1 h at 4 Hz by default
         self._series: dict[tuple[str, str], Series] = {}
         self._events: deque[Event] = deque(maxlen=max_events)
+        #: the windows asked since the last write: several policies look at the same window at
+        #: one tick (two ask for the memory ratchet, two for the neighbours), it is found once
+        self._asked: dict[tuple[Any, ...], Any] = {}
 
     @classmethod
     def for_retention(
@@ -224,6 +229,7 @@ class Store:
         interval changed on a reload)."""
         self.capacity = capacity
         self._series = {key: series.resized(capacity) for key, series in self._series.items()}
+        self._asked.clear()
 
     def series(self, signal: str, scope: str) -> Series:
         key = (signal, scope)
@@ -236,6 +242,8 @@ class Store:
 
     def record(self, signal: str, scope: str, time: float, value: float | None, generation: int = 0) -> None:
         self.series(signal, scope).append(time, value, generation)
+        if self._asked:
+            self._asked.clear()
 
     def record_many(
         self, scope: str, time: float, values: Mapping[str, float | None], generation: int = 0
@@ -265,12 +273,31 @@ class Store:
     def points(
         self, signal: str, scope: str, now: float, seconds: float, generation: int | None = None
     ) -> tuple[list[float], list[float]]:
-        series = self._series.get((signal, scope))
-        return series.points(now, seconds, generation) if series is not None else ([], [])
+        key = (signal, scope, now, seconds, generation)
+        found = self._asked.get(key)
+        if found is None:
+            series = self._series.get((signal, scope))
+            found = series.points(now, seconds, generation) if series is not None else ([], [])
+            if len(self._asked) < 256:
+                self._asked[key] = found
+        # a copy of the lists, so that no caller's change reaches the next one
+        return list(found[0]), list(found[1])
 
     def span(self, signal: str, scope: str, since: float, until: float) -> list[Sample]:
         series = self._series.get((signal, scope))
         return series.span(since, until) if series is not None else []
+
+    def derived(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
+        """``compute()``, kept until the next write: what several policies derive from the same
+        window at one tick (the memory ratchet's rises) is derived once. ``key`` names the
+        derivation and everything it depends on besides the store's contents."""
+        full = ("derived", *key)
+        if full in self._asked:
+            return cast(T, self._asked[full])
+        value = compute()
+        if len(self._asked) < 256:
+            self._asked[full] = value
+        return value
 
     def scopes(self) -> set[str]:
         return {scope for _, scope in self._series}

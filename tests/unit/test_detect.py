@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 from tunerd import detect, signals
+from tunerd.detect import _rises, _walk_rises
 from tunerd.planner.gpus import gpu_profile
 from tunerd.planner.shapes import builtin_model
 from tunerd.sim.engine import EngineSettings, Neighbour, Request, SimEngine, SimGpu
@@ -202,3 +205,18 @@ def test_an_engine_that_leaks_past_its_budget_and_context_is_over_budget() -> No
     found = detect.over_budget(store, "e", end, by=256 * MIB)
     assert found.active is True
     assert found.evidence["excess_bytes"] > 256 * MIB
+
+
+def test_the_quick_looks_for_no_rise_agree_with_the_walk_point_by_point() -> None:
+    """`_rises` answers "no rise" without walking the window when the window is narrower than
+    a step, or no reading stands a step above the high-water mark before it: on random series
+    (flat, noisy, stepping, with transients) it finds exactly what the walk finds."""
+    rng = random.Random(20)
+    step = 64 * 2**20
+    for case in range(400):
+        level, values = 20e9, []
+        for _ in range(rng.randint(2, 300)):
+            level += rng.choice([0, 0, 0, 1e6, -1e6, step * rng.random() * 2 * (case % 3 == 0)])
+            values.append(level + (step * 1.5 if rng.random() < 0.02 else 0))
+        times = [float(i) for i in range(len(values))]
+        assert _rises(times, values, step) == _walk_rises(list(zip(times, values, strict=True)), step)

@@ -244,7 +244,7 @@ class _Evaluation:
     def _metric(self, node: MetricCondition) -> bool | None:
         scope = self.context.name
         if node.rate_above is not None or node.rate_below is not None:
-            if not self.store.window(node.metric, scope, self.now, node.window):
+            if not self.store.points(node.metric, scope, self.now, node.window)[0]:
                 return False
             rate = detect.counter_rate(self.store, node.metric, scope, self.now, node.window)
             if rate is None:
