@@ -82,9 +82,18 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     record.add_argument(
-        "--incident", dest="id", type=positive_int, required=True, metavar="ID", help="the incident"
+        "--incident", dest="id", type=positive_int, metavar="ID", help="the incident to write"
     )
-    record.add_argument("file", metavar="FILE", help="where to write it (JSON lines; - for stdout)")
+    record.add_argument(
+        "--for",
+        dest="duration",
+        nargs="+",  # `record ENGINE --for D FILE` (the contract's order) parses, and is answered
+        metavar="D",
+        help="ENGINE --for D FILE: the next D from the running daemon (not built yet)",
+    )
+    record.add_argument(
+        "paths", nargs="+", metavar="[ENGINE] FILE", help="where to write it (JSON lines; - for stdout)"
+    )
     add_state_arguments(record)
     record.set_defaults(handler=_record, prog=record.prog)
 
@@ -171,6 +180,14 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
+    if args.id is None or args.duration:
+        raise UsageError(
+            "recording from the running daemon (ENGINE --for D FILE) is not built yet; "
+            "write an incident's recording with --incident ID FILE (tunerd incident list shows them)"
+        )
+    if len(args.paths) != 1:
+        raise UsageError("with --incident, name one FILE")
+    args.file = args.paths[0]
     found = _incident(args)
     if found is None:
         print(f"{args.prog}: no incident {args.id} (tunerd incident list shows them)", file=sys.stderr)
