@@ -48,6 +48,11 @@ EXPECTED_EXIT = {
     # the box has made no change to undo ("nothing to roll back"); tests/integration/
     # test_people_win.py runs rollbacks that take
     "tunerd rollback llama31-8b --reason the last tune made it worse": 2,
+    # the box's incidents are not these, nor is its recording there ("no incident 3", "No such
+    # file"); tests/integration/test_run_stories.py shows, records and replays a real incident
+    "tunerd incident show 3": 1,
+    "tunerd incident show 12": 1,
+    "tunerd replay oom.jsonl --policies edited.yaml": 2,
 }
 #: Run elsewhere: the demo by tests/integration/test_demo.py, the test suite by CI, the gate
 #: (a server, and its status against one) by tests/integration/test_gate.py.
@@ -219,7 +224,9 @@ def _healthy(url: str) -> bool:
         return False
 
 
-_TALKS_TO_A_DAEMON = {"status", "history", "resume", "pin", "rollback", "notify", "config", "run"}
+_TALKS_TO_A_DAEMON = {
+    "status", "history", "resume", "pin", "rollback", "notify", "config", "run", "incident", "record",
+}  # fmt: skip
 
 
 def _rewrite(argv: list[str], box: Fixture) -> list[str]:
