@@ -61,7 +61,7 @@ __all__ = [
 DB_NAME = "tunerd.db"
 #: observations kept per engine (older ones are dropped as new ones are written)
 OBSERVATIONS_KEPT = 50
-#: incidents kept (each holds minutes of samples, compressed: ~100 KiB) and for how long
+#: incidents kept (each holds minutes of samples, compressed, at most 4 MiB) and for how long
 INCIDENTS_KEPT = 200
 INCIDENT_RETENTION_S = 30 * 86400.0
 LOCK_NAME = "tunerd.lock"
