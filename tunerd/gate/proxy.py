@@ -72,6 +72,7 @@ SMALL_ANSWER = 1 << 20  # a JSON answer up to this size is read whole (its usage
 REFINE_ABOVE = 0.5  # a bound is counted exactly once the needs in flight pass this share of the budget
 COUNT_SAMPLE_S = 1.0  # and one bound a second, to keep the count's error measured
 TAIL_BYTES = 8192  # what of a stream is kept to find its usage event
+HELD_BACK_BYTES = 65536  # a stream's start held back until its first token, at most this much
 BODY_TIMEOUT_S = 30.0  # a client has this long to send its body (slowloris)
 UPSTREAM_READ_S = 600.0  # the engine may be silent this long mid-answer (a long prefill)
 DRAIN_S = 30.0  # SIGTERM: requests in flight may finish for this long
@@ -474,6 +475,8 @@ class EngineGate:
             length = upstream.content_length
             if length is not None and length <= SMALL_ANSWER and "text/event-stream" not in kind:
                 data = await upstream.read()
+                if upstream.status == 200 and self._cut_by_hold(ticket) and not _has_tokens(data, plain=True):
+                    raise _EngineRefused  # the drain answered it with nothing: it waits for the new engine
                 if ticket is not None and ticket.exact and upstream.status == 200:
                     with contextlib.suppress(ValueError):
                         self._usage(ticket, usage_prompt_tokens(json.loads(data)))
@@ -481,9 +484,24 @@ class EngineGate:
             response = web.StreamResponse(status=upstream.status, headers=answer_headers)
             if length is not None:
                 response.content_length = length
+            chunks = upstream.content.iter_any()
+            first: list[bytes] = []
+            if ticket is not None and upstream.status == 200 and "text/event-stream" in kind:
+                # the answer's start is held back until it carries a token: a stream the engine's
+                # drain ends with none (vLLM aborts what it had only just taken in) is not served
+                # half — nothing has reached the client, so it waits for the new engine
+                async for chunk in chunks:
+                    first.append(chunk)
+                    if _has_tokens(b"".join(first)) or sum(map(len, first)) > HELD_BACK_BYTES:
+                        break
+                else:
+                    if self._cut_by_hold(ticket):
+                        raise _EngineRefused
             await response.prepare(request)
-            tail = b""
-            async for chunk in upstream.content.iter_any():
+            tail = b"".join(first)[-TAIL_BYTES:]
+            for chunk in first:
+                await response.write(chunk)
+            async for chunk in chunks:
                 await response.write(chunk)
                 if ticket is not None:
                     tail = (tail + chunk)[-TAIL_BYTES:]
@@ -581,6 +599,36 @@ async def _read_capped(answer: aiohttp.ClientResponse, cap: int) -> bytes:
             raise _TooLarge(f"more than {cap:,} bytes")
         parts.append(chunk)
     return b"".join(parts)
+
+
+def _has_tokens(data: bytes, plain: bool = False) -> bool:
+    """Whether an answer (SSE events, or one JSON body with ``plain``) carries anything of the
+    engine's work: a choice with text or content, or one that finished other than ``abort``. An
+    answer of another shape counts as work (it is never held back)."""
+    bodies = (
+        [data] if plain else [line[5:].strip() for line in data.splitlines() if line.startswith(b"data:")]
+    )
+    for body in bodies:
+        if body == b"[DONE]":
+            continue
+        try:
+            event = json.loads(body)
+        except ValueError:
+            return True
+        if not isinstance(event, dict) or not isinstance(event.get("choices"), list):
+            return True
+        for choice in event["choices"]:
+            if not isinstance(choice, dict):
+                return True
+            delta = choice.get("delta")
+            message = choice.get("message")
+            delta = delta if isinstance(delta, dict) else {}
+            message = message if isinstance(message, dict) else {}
+            if choice.get("text") or delta.get("content") or message.get("content"):
+                return True
+            if choice.get("finish_reason") not in (None, "abort"):
+                return True
+    return False
 
 
 class _EngineRefused(Exception):
