@@ -43,6 +43,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -261,12 +262,10 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
         body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 300, "ignore_eos": True}
         body |= {"stream": True, "stream_options": {"include_usage": True}}
 
-        def stream() -> tuple[list[float], dict[str, Any]]:
+        def stream(base: str) -> tuple[list[float], dict[str, Any]]:
             content: list[float] = []  # when each content chunk came
             usage: dict[str, Any] = {}
-            with httpx.stream(
-                "POST", story.gate_url + "/v1/chat/completions", json=body, timeout=120
-            ) as answer:
+            with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=120) as answer:
                 assert answer.status_code == 200, answer.read()
                 for line in answer.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
@@ -278,16 +277,26 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
             return content, usage
 
         # they came as generated, not at the end in one piece. A box too loaded to run the
-        # engine's API server (or this client) during the generation delivers them in one burst
-        # too — seen once on a busy machine: all 300 within 2 ms — so a burst is tried again; a
-        # gate that buffered would burst every time.
-        spreads: list[float] = []
-        while len(spreads) < 3 and (not spreads or spreads[-1] <= 0.3):
-            content, usage = stream()
+        # engine's API server during the generation delivers them in one burst itself (seen:
+        # all 300 within 2 ms, straight from the engine too), so the gate is judged against the
+        # engine's own stream of the same request: what it spreads, the gate must not squash.
+        # A burst is tried again; a gate that buffered would squash every try.
+        spreads: list[tuple[float, float]] = []  # (straight from the engine, through the gate)
+        while len(spreads) < 3 and (not spreads or not spreads[-1][1] > 0.3):
+            direct, _ = stream(story.url)
+            content, usage = stream(story.gate_url)
             assert usage["completion_tokens"] == 300
             assert len(content) >= 250  # a chunk a token (a few tokens decode to no text)
-            spreads.append(content[-1] - content[0])
-        assert spreads[-1] > 0.3, f"the chunks came in one burst each time: spread {spreads} s"
+            spreads.append((direct[-1] - direct[0], content[-1] - content[0]))
+        engine_spread, gate_spread = spreads[-1]
+        if gate_spread <= 0.3 and engine_spread <= 0.3:  # said in the summary; the counts go on
+            warnings.warn(
+                f"the engine itself sent each stream in one burst ({spreads} s): not judged", stacklevel=1
+            )
+        else:
+            assert gate_spread > 0.3, (
+                f"the gate squashed the engine's stream: (engine, gate) spreads {spreads} s"
+            )
         assert compared() == before + len(spreads)  # each was counted exactly and compared
         assert abs(_gate_status(story)["last_count_error_ratio"]) <= 0.02, usage
         # a prompt whose byte bound (≥ 390) is over the budget (≈ 245 tokens) too: counted first
