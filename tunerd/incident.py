@@ -303,7 +303,7 @@ def render(found: Mapping[str, Any]) -> str:
         f"  {item['who']}: +{_size(item['by_bytes'])} "
         f"({_size(item['from_bytes'])} → {_size(item['to_bytes'])})"
         for item in grew
-    ] or ["  nothing rose by more than 256 MiB before the peak"]
+    ] or [f"  nothing rose by more than {format_size(GROWTH_WORTH_NAMING)} before the peak"]
     lines.append("")
     lines.append(f"Suspected cause: {found.get('cause') or 'not clear from the signals'}")
     lines += [f"  - {fact}" for fact in found.get("evidence") or []]
