@@ -104,7 +104,11 @@ def test_a_box_with_hidden_truth_is_measured_and_judged_by_the_simulator(tmp_pat
     observations = state.observations("main")
     state.close()
     assert observations[0]["kv_cache_tokens"] == result["kv_cache_tokens"]
-    assert observations[0]["peak_bytes"] > observations[0]["start_bytes"]  # the load's ratchet, seen
+    # what the GPU showed of the running engine: at least the bills its log named. (Not `peak >
+    # start`: at 50× simulated time a loaded CI box's first reading can come after the load's
+    # first steps already ratcheted the allocator to its ceiling; the landing CI saw peak == start.)
+    seen = observations[0]
+    assert seen["peak_bytes"] >= seen["start_bytes"] >= seen["weights_bytes"] + seen["kv_available_bytes"]
 
 
 @pytest.mark.parametrize(
