@@ -10,12 +10,14 @@ figures, the decision that fired). This module turns that into the post-mortem
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 import re
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tunerd import chart
 from tunerd.recording import Recording, RecordingError, iter_json_lines, parse_lines
 from tunerd.units import format_size
 
@@ -24,6 +26,8 @@ __all__ = [
     "BEFORE_S",
     "LOOKBACK_S",
     "MAX_PACKED_BYTES",
+    "chart_of",
+    "html_page",
     "pack",
     "postmortem",
     "render",
@@ -365,3 +369,222 @@ def brief(text: Any, limit: int = 160) -> str:
 
 def _clock(moment: float) -> str:
     return dt.datetime.fromtimestamp(moment, tz=dt.UTC).strftime("%H:%M:%S UTC")
+
+
+# -- the chart ----------------------------------------------------------------------------------
+#: the layers of the memory panel, bottom first
+BILL_COLOURS = {
+    "engine: weights": "#5c6bc0",
+    "engine: KV cache pool": "#26a69a",
+    "engine: CUDA graphs": "#8d6e63",
+    "engine: activations, context and the rest": "#ffb74d",
+    "engine (a start whose bills are not known)": "#90a4ae",
+    "neighbours (other processes)": "#e57373",
+    "unattributed (no process owns it)": "#bdbdbd",
+}
+
+
+def chart_of(
+    incident: Mapping[str, Any], recording: Recording, actions: Sequence[Mapping[str, Any]] | None = None
+) -> tuple[list[chart.Panel], list[chart.Mark]]:
+    """An incident's panels — GPU memory stacked by bill, the KV pool's use, the requests —
+    and its marks (the crash, each action). The engine's bills come from its start-up figures,
+    for the start that was running at the incident's moment; another start's memory is one
+    layer. Readings while the engine was down are a gap. ``actions``: the incident's actions
+    as they stand now (else as they were written)."""
+    detail = dict(incident.get("detail") or {})
+    at = float(incident.get("time") or 0.0)
+    rows = _readings(recording)
+    times = [t for t, _, _ in rows]
+    generation = None
+    for t, g, _ in rows:
+        if t <= at + 1e-6:
+            generation = g
+
+    def get(values: Mapping[str, Any], signal: str) -> float | None:
+        value = values.get(signal)
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    starts = {str(generation): detail.get("figures") or {}}  # older incidents kept only these
+    for key, figures in (detail.get("figures_by_generation") or {}).items():
+        if isinstance(figures, Mapping):
+            starts[str(key)] = figures
+    bills = {key: _known_bills(figures) for key, figures in starts.items()}
+    layers: dict[str, list[float | None]] = {name: [] for name in BILL_COLOURS}
+    budget: list[float | None] = []
+    totals = []
+    serving = []  # the readings with the engine there: the chart's y-range is fitted to them
+    for _, g, line in rows:
+        used, total = get(line, "gpu_memory_used_bytes"), get(line, "gpu_memory_total_bytes")
+        engine, others = get(line, "engine_memory_bytes"), get(line, "other_processes_memory_bytes")
+        if total:
+            totals.append(total)
+        here = engine is not None and engine > 0
+        serving.append(here)
+        known = bills.get(str(g)) if here else None
+        rest = float(engine or 0.0)
+        for name in _BILLS:
+            part = min(known[name], rest) if known is not None else 0.0
+            layers[name].append(part if known is not None else None)
+            rest -= part
+        layers["engine: activations, context and the rest"].append(rest if known is not None else None)
+        layers["engine (a start whose bills are not known)"].append(
+            engine if here and known is None else None
+        )
+        layers["neighbours (other processes)"].append(others)
+        unattributed = None
+        if used is not None:
+            unattributed = max(0.0, used - float(engine or 0.0) - float(others or 0.0))
+        layers["unattributed (no process owns it)"].append(unattributed)
+        over = get(line, "engine_over_budget_bytes")
+        budget.append(engine - over if here and engine is not None and over is not None else None)
+
+    def metric(signal: str) -> list[float | None]:  # the engine's own figures: only while it is there
+        return [get(line, signal) if here else None for (_, _, line), here in zip(rows, serving, strict=True)]
+
+    memory = chart.Panel(
+        title=f"GPU memory of {recording.engine}'s GPU, by bill",
+        unit="bytes",
+        times=times,
+        layers=[
+            chart.Layer(name, BILL_COLOURS[name], values)
+            for name, values in layers.items()
+            if any(value is not None for value in values)
+        ],
+        lines=[
+            chart.Line("the engine's budget (gpu_memory_utilization × total)", "#1b5e20", budget, dashed=True)
+        ]
+        if any(value is not None for value in budget)
+        else [],
+        ceiling=("the card's total", max(totals)) if totals else None,
+        height=300,
+        fit_rows=serving if any(serving) else None,
+    )
+    kv = chart.Panel(
+        title="KV cache pool used",
+        unit="ratio",
+        times=times,
+        lines=[chart.Line("KV cache used", "#00695c", metric("kv_cache_usage"))],
+        ceiling=("pool full", 1.0),
+        height=90,
+        fit=False,
+    )
+    requests = chart.Panel(
+        title="requests",
+        unit="count",
+        times=times,
+        lines=[
+            chart.Line("running", "#283593", metric("num_requests_running")),
+            chart.Line("waiting", "#c62828", metric("num_requests_waiting"), dashed=True),
+        ],
+        height=90,
+        fit=False,
+    )
+    marks = [
+        chart.Mark(
+            float(line["t"]),
+            "crash",
+            brief(
+                f"{(line.get('data') or {}).get('kind') or 'crash'}: "
+                f"{(line.get('data') or {}).get('message') or ''}",
+                120,
+            ),
+        )
+        for line in recording.lines
+        if line.get("event") == "engine_crash"
+    ]
+    for action in detail.get("actions") or [] if actions is None else actions:
+        moment = _moment(action.get("time"))
+        if moment is not None:
+            marks.append(
+                chart.Mark(
+                    moment,
+                    str(action.get("kind") or "action"),
+                    brief(f"#{action.get('id')} → {action.get('outcome')}: {action.get('reason')}", 160),
+                )
+            )
+    if not marks:
+        marks.append(
+            chart.Mark(at, str(incident.get("kind") or "incident"), str(incident.get("summary") or ""))
+        )
+    return [memory, kv, requests], marks
+
+
+#: read from a GPU reading's own line only: a line without them is not a reading of memory
+_MEMORY_SIGNALS = frozenset(
+    {
+        "gpu_memory_used_bytes",
+        "gpu_memory_total_bytes",
+        "engine_memory_bytes",
+        "engine_over_budget_bytes",
+        "other_processes_memory_bytes",
+    }
+)
+
+
+_BILLS = ("engine: weights", "engine: KV cache pool", "engine: CUDA graphs")
+
+
+def _known_bills(figures: Mapping[str, Any]) -> dict[str, float] | None:
+    """A start's bills from its start-up figures (None: none known)."""
+    values = [figures.get(key) for key in ("weights_bytes", "kv_available_bytes", "cuda_graph_bytes")]
+    found = [float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else 0.0 for v in values]
+    return dict(zip(_BILLS, found, strict=True)) if any(found) else None
+
+
+def _readings(recording: Recording) -> list[tuple[float, int, dict[str, Any]]]:
+    """The recording's GPU readings, oldest first: (time, generation, signals). The memory
+    signals are the line's own; the engine's metrics (scraped at their own pace) are the
+    latest at or before it, if they are not older than two usual steps between readings."""
+    lines = [line for line in recording.lines if isinstance(line.get("samples"), Mapping)]
+    moments = [
+        float(line["t"])
+        for line in lines
+        if "gpu_memory_used_bytes" in line["samples"] or "engine_memory_bytes" in line["samples"]
+    ]
+    steps = sorted(b - a for a, b in itertools.pairwise(moments) if b > a)
+    fresh = 2 * steps[(3 * len(steps)) // 4] if steps else math.inf
+    latest: dict[str, tuple[float, Any]] = {}
+    rows = []
+    for line in lines:
+        t, samples = float(line["t"]), line["samples"]
+        for signal, value in samples.items():
+            if signal not in _MEMORY_SIGNALS:
+                latest[signal] = (t, value)
+        if "gpu_memory_used_bytes" in samples or "engine_memory_bytes" in samples:
+            values = {signal: value for signal, (when, value) in latest.items() if t - when <= fresh}
+            values.update({signal: samples.get(signal) for signal in _MEMORY_SIGNALS})
+            rows.append((t, int(line.get("g", 0)), values))
+    return rows
+
+
+def _moment(value: Any) -> float | None:
+    """A time as the state keeps it (epoch seconds, or ISO 8601 text) in epoch seconds."""
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            stamp = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return (stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)).timestamp()
+    return None
+
+
+def html_page(found: Mapping[str, Any], incident: Mapping[str, Any], recording: Recording | None) -> str:
+    """``tunerd incident show ID --html FILE``: the chart and the post-mortem (``found``, of
+    :func:`postmortem`) on one page."""
+    title = f"tunerd incident {found['id']} · {found['engine']} · {found['kind']} · {found['at']}"
+    intro = [
+        str(found.get("summary") or ""),
+        f"Suspected cause: {found.get('cause') or 'not clear from the signals'}",
+    ]
+    if recording is None:
+        return chart.page(title, intro, "<p>(no recording)</p>", [("Post-mortem", render(found))])
+    panels, marks = chart_of(incident, recording, found.get("actions"))
+    return chart.page(
+        title,
+        intro,
+        chart.svg(panels, marks, clock="utc"),
+        [("Marks", chart.mark_list(marks, clock="utc")), ("Post-mortem", render(found))],
+    )

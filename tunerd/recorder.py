@@ -6,9 +6,10 @@ tunerd keeps it): the recording of the five minutes before, the crash's kind and
 last log lines, the processes on the GPU at that moment, the start-up figures. Each action
 the state records (a tune, restart, rollback, hold, gate change) joins the incident of its
 engine opened within :data:`JOIN_S` (the restart that answered a crash joins the crash) or
-opens one. Two minutes on, the incident's recording is written again with the minutes after
-it, and it is complete. An incident that cannot be written is said and tried at the next
-tick; it never stops the loop.
+opens one. Two minutes on (counted from the engine's return when a restart was in flight: a
+restart of minutes would fill them with a gap; at most half an hour on), the incident's
+recording is written again with the minutes after it, and it is complete. An incident that
+cannot be written is said and tried at the next tick; it never stops the loop.
 """
 
 from __future__ import annotations
@@ -32,12 +33,20 @@ __all__ = ["INCIDENT_KINDS", "IncidentRecorder"]
 #: the history kinds that make an incident (alerts, pins and resumes are a person's words)
 INCIDENT_KINDS = ("tune", "restart", "rollback", "hold", "gate")
 JOIN_S = 120.0  # an action within this of an open incident of its engine joins it
+STARTS_KEPT = 8  # the starts whose figures an incident keeps
+MAX_AFTER_S = 1800.0  # an incident is completed this long after its moment, whatever is in flight
 
 
 @dataclass
 class _Engine:
     seen: int | None = None  # the newest history id looked at (None: not yet read)
     open: dict[int, float] = field(default_factory=dict)  # incident id → its moment, until complete
+    #: incident id → the last tick a restart of the engine was in flight: its minutes after
+    #: count from the engine's return (a restart of minutes would fill them with a gap)
+    busy: dict[int, float] = field(default_factory=dict)
+    #: generation (as text) → the start-up figures of that start, the newest few kept: an
+    #: incident's chart splits each start's memory by bill
+    starts: dict[str, dict[str, Any]] = field(default_factory=dict)
     crash: tuple[dict[str, Any], float] | None = None  # a crash whose incident is still to write
 
 
@@ -76,6 +85,7 @@ class IncidentRecorder:
             | {"excerpt": diagnosis_tail(loop.supervisor.process) if loop.supervisor.process else []},
             "processes": _processes(loop, reading),
             "figures": _figures(loop),
+            "figures_by_generation": self._starts(loop, found),
             "settings": loop.supervisor.running_settings() or dict(loop.config.settings),
         }
         found.crash = (detail, now)
@@ -117,6 +127,7 @@ class IncidentRecorder:
         """New actions of the engine become incidents (or join one); incidents whose minutes
         after have passed are completed."""
         found = self._of(loop)
+        self._starts(loop, found)
         self._write_crash(loop, found)
         if found.seen is None:  # what happened before tunerd started is history, not news
             newest = self.state.history(loop.name, limit=1)
@@ -125,12 +136,60 @@ class IncidentRecorder:
             found.seen = action["id"]
             if action["kind"] in INCIDENT_KINDS:
                 self._action(loop, found, action, reading, now)
+        restarting = loop.supervisor.in_flight()
         for incident, at in list(found.open.items()):
-            if now >= at + AFTER_S:
-                self.state.update_incident(
-                    incident, now, recording=self._recording(loop, at, after=AFTER_S), complete=True
-                )
-                del found.open[incident]
+            if restarting:
+                found.busy[incident] = now
+            if now >= self._done_at(found, incident, at):
+                self._complete(loop, found, incident, at, now)
+
+    def _complete(self, loop: EngineLoop, found: _Engine, incident: int, at: float, now: float) -> None:
+        """The incident's recording with the minutes after it, and the start-up figures of the
+        engine running now (its chart splits that start's memory by bill too)."""
+        record = self.state.incident(incident)
+        detail = None
+        if record is not None:
+            detail = dict(record["detail"])
+            detail["figures_by_generation"] = {
+                **(detail.get("figures_by_generation") or {}),
+                **self._starts(loop, found),
+            }
+        self.state.update_incident(
+            incident,
+            now,
+            detail=detail,
+            recording=self._recording(loop, at, after=max(0.0, now - at)),
+            complete=now >= self._done_at(found, incident, at),
+        )
+        self._close(found, incident)
+
+    def _starts(self, loop: EngineLoop, found: _Engine) -> dict[str, dict[str, Any]]:
+        """The start-up figures of the engine's starts seen, the running one's added when it
+        has been observed."""
+        record = self.state.engine(loop.name)
+        process = loop.supervisor.process
+        observation = loop.observation
+        if (
+            record is not None
+            and process is not None
+            and observation is not None
+            and observation.pid == process.pid
+        ):
+            found.starts[str(record.generation)] = _figures(loop)
+            while len(found.starts) > STARTS_KEPT:
+                del found.starts[next(iter(found.starts))]
+        return dict(found.starts)
+
+    @staticmethod
+    def _done_at(found: _Engine, incident: int, at: float) -> float:
+        """When an incident is complete: :data:`AFTER_S` after its moment or after the engine
+        came back from the restart in flight then, within :data:`MAX_AFTER_S`."""
+        return min(max(at, found.busy.get(incident, at)) + AFTER_S, at + MAX_AFTER_S)
+
+    @staticmethod
+    def _close(found: _Engine, incident: int) -> None:
+        del found.open[incident]
+        found.busy.pop(incident, None)
 
     def flush(self, loops: list[EngineLoop], now: float) -> None:
         """tunerd stops: each open incident gets the minutes after it that there were (it stays
@@ -139,11 +198,7 @@ class IncidentRecorder:
             found = self._of(loop)
             self._write_crash(loop, found)
             for incident, at in list(found.open.items()):
-                after = min(AFTER_S, max(0.0, now - at))
-                self.state.update_incident(
-                    incident, now, recording=self._recording(loop, at, after=after), complete=after >= AFTER_S
-                )
-                del found.open[incident]
+                self._complete(loop, found, incident, at, now)
 
     def _action(
         self, loop: EngineLoop, found: _Engine, action: Mapping[str, Any], reading: GpuReading, now: float
@@ -166,6 +221,7 @@ class IncidentRecorder:
             "evidence": action.get("evidence"),
             "processes": _processes(loop, reading),
             "figures": _figures(loop),
+            "figures_by_generation": self._starts(loop, found),
             "settings": action.get("from_settings") or loop.supervisor.running_settings(),
         }
         who = action.get("policy") or "a person"

@@ -17,7 +17,7 @@ from typing import Any
 from tunerd.commands import summary
 from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_OK, Parser, UsageError, positive_int
 from tunerd.commands.history import add_state_arguments, state_dir_of
-from tunerd.incident import postmortem, render, unpack
+from tunerd.incident import html_page, postmortem, render, unpack
 from tunerd.policy.schema import PolicyError, load_policy_files
 from tunerd.recording import Recording, RecordingError, compare, iter_json_lines, parse_lines, replay
 from tunerd.state import State, StateError
@@ -32,6 +32,7 @@ examples:
   tunerd incident list --engine main --json
   tunerd incident show 12                  the post-mortem: what filled the GPU, who grew, what tunerd did
   tunerd incident show 12 --json
+  tunerd incident show 12 --html oom.html  and the chart, on one page to open in a browser
 
 exit status: 0 shown, 1 no such incident, 2 bad usage or no state.
 """
@@ -70,7 +71,14 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     listing.set_defaults(handler=_list, prog=listing.prog)
     show = commands.add_parser("show", help="one incident's post-mortem")
     show.add_argument("id", type=positive_int, metavar="ID")
-    show.add_argument("--json", action="store_true", help="the post-mortem as JSON")
+    shown = show.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="the post-mortem as JSON")
+    shown.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write one HTML page: the chart (memory by bill, KV use, requests, every mark) "
+        "and the post-mortem; nothing fetched, no scripts",
+    )
     add_state_arguments(show)
     show.set_defaults(handler=_show, prog=show.prog)
 
@@ -174,8 +182,15 @@ def _show(args: argparse.Namespace) -> int:
         ]
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
-    else:
-        sys.stdout.write(render(report) + "\n")
+        return EXIT_OK
+    sys.stdout.write(render(report) + "\n")
+    if args.html:
+        try:
+            Path(args.html).write_text(html_page(report, incident, recording), encoding="utf-8")
+        except OSError as error:
+            print(f"{args.prog}: cannot write {args.html}: {error.strerror or error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(f"wrote {args.html}: the chart and this post-mortem")
     return EXIT_OK
 
 

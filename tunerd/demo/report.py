@@ -1,17 +1,17 @@
 """The demo's summary: the four bills before and after, the DESIGN §8 checks, and an HTML page
-with the memory curve (inline SVG, no scripts, nothing fetched). Pure: it takes what the demo
-recorded and returns text.
+with the memory curve (:mod:`tunerd.chart`'s inline SVG, no scripts, nothing fetched). Pure:
+it takes what the demo recorded and returns text.
 """
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tunerd import chart
 from tunerd.demo.scenarios import Scenario
-from tunerd.demo.story import Story, clock_text, settings_text
+from tunerd.demo.story import Story, settings_text
 from tunerd.planner.bills import KV_DTYPE_WORDS
 from tunerd.planner.gpus import gpu_profile
 from tunerd.planner.recommend import Scenario as Priced
@@ -19,7 +19,17 @@ from tunerd.planner.recommend import Settings, evaluate, safe_utilization
 from tunerd.planner.shapes import builtin_model
 from tunerd.units import GIB
 
-__all__ = ["Check", "Sample", "bill_table", "box_text", "checks", "price", "render_html", "safe_kv_tokens"]
+__all__ = [
+    "Check",
+    "Sample",
+    "bill_table",
+    "box_text",
+    "checks",
+    "curve",
+    "price",
+    "render_html",
+    "safe_kv_tokens",
+]
 
 #: DESIGN §8: the seed scenario converges in at most this many restarts …
 MAX_RESTARTS = 3
@@ -140,64 +150,39 @@ def box_text(box: Mapping[str, Any] | None) -> str:
     )
 
 
-_COLOURS = {
-    "crash": "#c62828",
-    "tune": "#1565c0",
-    "rollback": "#ef6c00",
-    "hold": "#6a1b9a",
-    "ratchet": "#f9a825",
-    "alert": "#9e9e9e",
-    "serving": "#2e7d32",
-}
-
-
-def _curve(samples: Sequence[Sample], story: Story, width: int = 960, height: int = 360) -> str:
-    if not samples:
-        return "<p>(no GPU readings)</p>"
-    left, right, top, bottom = 60, 20, 20, 40
-    end = max(samples[-1].time, 1.0)
-    total = max(s.total_bytes for s in samples) or 1
-
-    def x(t: float) -> float:
-        return left + (width - left - right) * t / end
-
-    def y(value: float) -> float:
-        return top + (height - top - bottom) * (1 - value / total)
-
-    used = " ".join(f"{x(s.time):.1f},{y(s.used_bytes):.1f}" for s in samples)
-    engine = " ".join(f"{x(s.time):.1f},{y(s.engine_bytes):.1f}" for s in samples)
-    budget = " ".join(
-        f"{x(s.time):.1f},{y(s.budget_bytes):.1f}" for s in samples if s.budget_bytes is not None
+def curve(samples: Sequence[Sample], story: Story) -> str:
+    """The run's GPU memory — the engine's, everything else on the GPU, its budget, the card's
+    total — with the story's marks, drawn as every tunerd chart is (:mod:`tunerd.chart`)."""
+    times = [s.time for s in samples]
+    engine = [float(s.engine_bytes) if s.engine_bytes > 0 else None for s in samples]
+    panel = chart.Panel(
+        title="GPU memory (simulated)",
+        unit="bytes",
+        times=times,
+        layers=[
+            chart.Layer("the engine (vLLM's processes)", "#5c6bc0", engine),
+            chart.Layer(
+                "everything else on the GPU",
+                "#e57373",
+                [float(max(0, s.used_bytes - s.engine_bytes)) for s in samples],
+            ),
+        ],
+        lines=[
+            chart.Line(
+                "the engine's budget (gpu_memory_utilization × total)",
+                "#1b5e20",
+                [float(s.budget_bytes) if s.budget_bytes is not None else None for s in samples],
+                dashed=True,
+            )
+        ],
+        ceiling=("the card's total", float(max(s.total_bytes for s in samples))) if samples else None,
+        height=320,
+        fit_rows=[value is not None for value in engine]
+        if any(value is not None for value in engine)
+        else None,
     )
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-        f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
-        'fill="#fafafa" stroke="#ccc"/>',
-    ]
-    for gib in range(0, int(total / GIB) + 1, 4):
-        level = y(gib * GIB)
-        parts.append(
-            f'<line x1="{left}" x2="{width - right}" y1="{level:.1f}" y2="{level:.1f}" stroke="#eee"/>'
-            f'<text x="{left - 6}" y="{level + 4:.1f}" text-anchor="end">{gib} GiB</text>'
-        )
-    parts.append(
-        f'<text x="{(left + width - right) / 2}" y="{height - 8}" text-anchor="middle">'
-        f"simulated time (0 … {clock_text(end)})</text>"
-    )
-    parts.append(f'<polyline points="{used}" fill="none" stroke="#37474f" stroke-width="1.5"/>')
-    parts.append(f'<polyline points="{engine}" fill="none" stroke="#1e88e5" stroke-width="1"/>')
-    if budget:
-        parts.append(f'<polyline points="{budget}" fill="none" stroke="#43a047" stroke-dasharray="4 3"/>')
-    for mark in story.marks:
-        colour = _COLOURS.get(mark.kind, "#000")
-        parts.append(
-            f'<line x1="{x(mark.time):.1f}" x2="{x(mark.time):.1f}" y1="{top}" y2="{height - bottom}" '
-            f'stroke="{colour}" stroke-width="1.5"><title>{html.escape(clock_text(mark.time))} '
-            f"{html.escape(mark.kind)}: {html.escape(mark.label)}</title></line>"
-        )
-    parts.append("</svg>")
-    return "\n".join(parts)
+    marks = [chart.Mark(mark.time, mark.kind, mark.label) for mark in story.marks]
+    return chart.svg([panel], marks, clock="elapsed")
 
 
 def render_html(
@@ -209,25 +194,18 @@ def render_html(
 ) -> str:
     """A self-contained page: the curve with its marks, the narration, the summary."""
     scenario = story.scenario
-    legend = " ".join(f'<span style="color:{colour}">▍{kind}</span>' for kind, colour in _COLOURS.items())
-    return "\n".join(
+    marks = [chart.Mark(mark.time, mark.kind, mark.label) for mark in story.marks]
+    return chart.page(
+        f"tunerd demo · {scenario.name}",
         [
-            "<!doctype html>",
-            '<html><head><meta charset="utf-8">',
-            f"<title>tunerd demo · {html.escape(scenario.name)}</title>",
-            "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
-            "pre{background:#f5f5f5;padding:1em;overflow-x:auto}</style></head><body>",
-            f"<h1>tunerd demo · {html.escape(scenario.name)}</h1>",
-            f"<p>{html.escape(scenario.title.get(story.language, scenario.title['en']))}</p>",
-            f"<p><b>{html.escape(verdict)}</b></p>",
-            "<p>GPU memory used (dark), the engine's own (blue), its budget "
-            "gpu_memory_utilization × total (green, dashed); marks: " + legend + "</p>",
-            _curve(samples, story),
-            "<h2>What happened</h2>",
-            "<pre>" + html.escape("\n".join(narration)) + "</pre>",
-            "<h2>Summary</h2>",
-            "<pre>" + html.escape("\n".join(summary)) + "</pre>",
-            f"<p>Start: {html.escape(settings_text(scenario.settings))}</p>",
-            "</body></html>",
-        ]
+            scenario.title.get(story.language, scenario.title["en"]),
+            verdict,
+            f"Start: {settings_text(scenario.settings)}",
+        ],
+        curve(samples, story) if samples else "<p>(no GPU readings)</p>",
+        [
+            ("Marks", chart.mark_list(marks, clock="elapsed")),
+            ("What happened", "\n".join(narration)),
+            ("Summary", "\n".join(summary)),
+        ],
     )

@@ -64,7 +64,12 @@ def test_the_report_is_one_page_with_the_curve_and_the_marks() -> None:
     ]
     page = render_html(story, samples, ["[0:01:40] engine died: <b>OOM</b>"], ["final: …"], "stable")
     assert page.startswith("<!doctype html>")
-    assert page.count("<polyline") == 3  # used, the engine's, its budget
-    assert "<title>0:01:40 crash: cuda_oom</title>" in page
+    assert page.count('class="layer"') == 2  # the engine's, everything else's
+    assert page.count('class="line"') == 1  # its budget
+    assert '<g class="mark" data-kind="crash" data-time="100.000"' in page
+    assert "<title>crash: cuda_oom</title>" in page
+    assert (
+        "  2      1:40  crash     cuda_oom" in page
+    )  # the marks listed as the chart numbers them (1 serving)
     assert "&lt;b&gt;OOM&lt;/b&gt;" in page  # narration is escaped
     assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # nothing fetched
