@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration import browser
 from tunerd.state import State
 
 pytestmark = pytest.mark.slow
@@ -39,6 +40,47 @@ def _nothing_left(tmp_path: Path) -> None:
     assert record.pid is not None
     with pytest.raises(ProcessLookupError):
         os.kill(record.pid, 0)  # the engine the daemon left serving was stopped too
+
+
+def _incidents_drawn(work: Path, kinds: set[str]) -> list[dict[str, Any]]:
+    """Issue 20: the story left incidents; each one's page (`tunerd incident show ID --html`)
+    passes the chart's bar on its SVG; the first, drawn by headless Chromium, shows its marks'
+    and its legend's colours."""
+    state = ["--state-dir", str(work / "state")]
+    listed = subprocess.run(
+        [sys.executable, "-m", "tunerd", "incident", "list", "--json", *state],
+        check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    incidents = json.loads(listed.stdout)["incidents"]
+    assert incidents, "the story left no incident"
+    drawn = set()
+    pages = []
+    for incident in incidents:
+        page = work / f"incident-{incident['id']}.html"
+        shown = subprocess.run(
+            [sys.executable, "-m", "tunerd", "incident", "show", str(incident["id"]), "--html", str(page), *state],
+            check=False, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert f"wrote {page}" in shown.stdout
+        found = browser.check_chart(browser.svg_of(page.read_text()))
+        drawn |= found["kinds"]  # type: ignore[operator]
+        pages.append(page)
+    assert drawn >= kinds, f"marks drawn: {drawn}"
+    first = pages[-1]  # the list is newest first
+    shot = browser.screenshot(first, work / f"{first.stem}.png", height=1100)
+    width, height, colours = browser.pixels(shot)
+    assert (width, height) == (1040, 1100)
+    root = browser.svg_of(first.read_text())
+    swatches = {
+        rect.get("fill", "")
+        for item in root.iter(browser.SVG + "g")
+        if item.get("class") == "legend-item"
+        for rect in item.iter(browser.SVG + "rect")
+    }
+    missing = [fill for fill in swatches if colours[browser.rgb(fill)] < 20]
+    assert not missing, f"the screenshot lacks the legend's colours {missing}"
+    return incidents
 
 
 def _said(result: dict[str, Any], text: str) -> bool:
@@ -80,8 +122,10 @@ def test_the_seed_story_converges_within_the_bar(tmp_path: Path) -> None:
     assert result["final_settings"]["gpu_memory_utilization"] < 0.97
     assert result["wall_seconds"] < 180
     page = (tmp_path / "report.html").read_text()
-    assert "<svg" in page
     assert "crash: cuda_oom" in page
+    browser.check_chart(browser.svg_of(page))  # the report draws as the incidents do
+    incidents = _incidents_drawn(tmp_path / "work", {"crash", "tune"})
+    assert incidents[-1]["kind"] == "crash"
     _nothing_left(tmp_path)
 
 
@@ -109,27 +153,42 @@ def test_a_box_with_hidden_truth_is_measured_and_judged_by_the_simulator(tmp_pat
     # first steps already ratcheted the allocator to its ceiling; the landing CI saw peak == start.)
     seen = observations[0]
     assert seen["peak_bytes"] >= seen["start_bytes"] >= seen["weights_bytes"] + seen["kv_available_bytes"]
+    _incidents_drawn(tmp_path / "work", {"tune"})
 
 
 @pytest.mark.parametrize(
-    ("name", "verdict", "said"),
+    ("name", "verdict", "said", "marks"),
     [
-        ("saturation", "stable for 20 simulated minutes", "tune (kv-pool-saturated): max_num_seqs 8→6"),
+        (
+            "saturation",
+            "stable for 20 simulated minutes",
+            "tune (kv-pool-saturated): max_num_seqs 8→6",
+            {"tune"},
+        ),
         (
             "neighbour",
             "alerted (oom-neighbour) and tuned nothing",
             "alert (critical): oom-neighbour on main",
+            {"crash"},
         ),
         (
             "startup-failure",
             "stable for 10 simulated minutes",
             "gpu_memory_utilization 0.96→0.93 did not hold (the engine exited during start-up",
+            {"tune"},
         ),
         # crash-loop: played (in Chinese) by test_narration_in_the_terminals_language
-        ("over-conservative", "stable for 10 simulated minutes", "tune (pool-underused): max_num_seqs 2→3"),
+        (
+            "over-conservative",
+            "stable for 10 simulated minutes",
+            "tune (pool-underused): max_num_seqs 2→3",
+            {"tune"},
+        ),
     ],
 )
-def test_each_scenario_ends_as_its_story_says(tmp_path: Path, name: str, verdict: str, said: str) -> None:
+def test_each_scenario_ends_as_its_story_says(
+    tmp_path: Path, name: str, verdict: str, said: str, marks: set[str]
+) -> None:
     done, result = _demo(tmp_path, "--scenario", name)
     assert done.returncode == 0, done.stdout + done.stderr
     assert result is not None
@@ -139,6 +198,7 @@ def test_each_scenario_ends_as_its_story_says(tmp_path: Path, name: str, verdict
     assert result["wall_seconds"] < 180
     if name == "neighbour":
         assert result["final_settings"] == result["start_settings"]  # nothing tuned
+    _incidents_drawn(tmp_path / "work", marks)
     _nothing_left(tmp_path)
 
 
@@ -161,7 +221,8 @@ def test_narration_in_the_terminals_language(tmp_path: Path) -> None:
     — by the crash-loop policy (3 crashes in 30 min, with the oom policy that fired beside it)
     or the saga's loop check (the same settings crashed twice), whichever sees it first."""
     done = subprocess.run(
-        [sys.executable, "-m", "tunerd", "demo", "--scenario", "crash-loop", "--report", str(tmp_path / "r.html")],
+        [sys.executable, "-m", "tunerd", "demo", "--scenario", "crash-loop", "--report", str(tmp_path / "r.html"),
+         "--workdir", str(tmp_path / "work")],
         check=False, capture_output=True, text=True, timeout=300,
         env={**os.environ, "LANG": "zh_CN.UTF-8", "LC_ALL": ""},
     )  # fmt: skip
@@ -170,6 +231,7 @@ def test_narration_in_the_terminals_language(tmp_path: Path) -> None:
     assert "引擎退出：CUDA 显存不足（cuda_oom）" in done.stdout
     assert "已保持：停止调参，已呼叫值班的人" in done.stdout
     assert "保持（HOLD，" in done.stdout
+    _incidents_drawn(tmp_path / "work", {"crash", "hold"})
 
 
 def test_bad_input_is_refused_before_anything_starts(tmp_path: Path) -> None:
