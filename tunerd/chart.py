@@ -399,7 +399,7 @@ def _panel(
         out.append(
             f'<g class="ceiling"><line x1="{left}" x2="{left + plot_w}" y1="{at:.1f}" y2="{at:.1f}" '
             f'stroke="#b71c1c" stroke-width="1.2" stroke-dasharray="2 2"/>'
-            f'<text x="{left + 4}" y="{at - 4:.1f}" fill="#b71c1c">'
+            f'<text x="{left + plot_w - 4}" y="{at - 4:.1f}" text-anchor="end" fill="#b71c1c">'
             f"{html.escape(label)} {_fmt_value(value, step / 4, panel.unit)}</text></g>"
         )
     out.append("</g>")

@@ -64,7 +64,7 @@ from tunerd.planner.rightsize import (
 )
 from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluate, matures_at, new_states
 from tunerd.policy.schema import Policy, PolicyError, load_policy_files
-from tunerd.recorder import IncidentRecorder
+from tunerd.recorder import IncidentRecorder, LiveRecordings
 from tunerd.sampler import Sampler
 from tunerd.scheduler import LOGS, LOOP, STALL_MARGIN_S, Jobs
 from tunerd.sdnotify import Notifier
@@ -172,7 +172,18 @@ class Daemon:
         self._stop = threading.Event()
         self._tick_limit: int | None = None
         self.published: dict[str, Any] | None = None  # what the status API hands out
-        self.status_server = StatusServer(config.status_socket(), lambda: self.published, wake=self._wake)
+        self.live = LiveRecordings(
+            self.store,
+            lambda: self.engines,
+            self.clock.now,
+            lambda: self.config.metrics.interval * self._clock_rate(),
+            nudge=lambda: (
+                self.jobs.run_soon("recordings") if self.jobs and self.jobs.has("recordings") else None
+            ),
+        )
+        self.status_server = StatusServer(
+            config.status_socket(), lambda: self.published, wake=self._wake, recording=self.live.ask
+        )
         self._serving = False
         self.metrics_view: MetricsView | None = None  # what tunerd's own /metrics reports
         self.scrape_errors: dict[str, int] = {}
@@ -434,6 +445,7 @@ class Daemon:
         assert jobs is not None
         jobs.every("tick", self.config.metrics.interval, self._tick_job, LOOP)
         jobs.every("housekeeping", HOUSEKEEPING_S, self.housekeeping, LOOP)
+        jobs.every("recordings", 1.0, self.live.answer, LOOP)  # `tunerd record ENGINE --for D`
         self._schedule_sagas()
         try:
             while not self._stop.wait(1.0):
@@ -504,6 +516,11 @@ class Daemon:
             if self.jobs is not None and any(other.waiting for other in self.engines):
                 self.jobs.run_soon("tick")  # a plan waiting for this GPU goes ahead now
 
+    def _clock_rate(self) -> float:
+        """How many of the daemon's seconds pass in a second of real time (the simulator's
+        clock runs faster)."""
+        return self.clock.scale if isinstance(self.clock, SimulatorClock) else 1.0
+
     def _wake(self) -> None:
         """A person's pin, resume or rollback was written to the state: look at it now."""
         if self.jobs is not None:
@@ -517,8 +534,7 @@ class Daemon:
         due = min((d for d in dues if d is not None), default=None)
         if due is None or self.jobs is None:
             return
-        rate = self.clock.scale if isinstance(self.clock, SimulatorClock) else 1.0
-        self.jobs.run_within("tick", (due - now) / rate + 0.01)
+        self.jobs.run_within("tick", (due - now) / self._clock_rate() + 0.01)
 
     def _death_watch(self) -> None:
         """After each GPU reading (on the sampling thread): bring the tick forward when an
@@ -860,6 +876,7 @@ class Daemon:
         ]
         for loop in self.engines:  # its failure is said; it never counts against the loop
             self._each(loop, "incidents", lambda loop: self.recorder.tick(loop, reading, now))
+        self.live.answer()  # a recording asked for since the last tick, cut at this one
         if failed:  # the other engines had their tick; this one counts toward TICK_FAILURES_TO_STOP
             raise RuntimeError(f"the tick failed for {', '.join(failed)}")
 

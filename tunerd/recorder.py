@@ -14,7 +14,10 @@ cannot be written is said and tried at the next tick; it never stops the loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +37,7 @@ __all__ = ["INCIDENT_KINDS", "IncidentRecorder"]
 INCIDENT_KINDS = ("tune", "restart", "rollback", "hold", "gate")
 JOIN_S = 120.0  # an action within this of an open incident of its engine joins it
 STARTS_KEPT = 8  # the starts whose figures an incident keeps
+ANSWER_WAIT_S = 20.0  # a recording asked of the loop thread is waited for this long at most
 MAX_AFTER_S = 1800.0  # an incident is completed this long after its moment, whatever is in flight
 
 
@@ -285,3 +289,88 @@ def _figures(loop: EngineLoop) -> dict[str, Any]:
         "cuda_total_bytes": observation.cuda_total_bytes,
         "kv_cache_tokens": observation.kv_cache_tokens,
     }
+
+
+@dataclass
+class _Ask:
+    engine: str
+    since: float | None
+    until: float | None
+    done: threading.Event = field(default_factory=threading.Event)
+    answer: tuple[int, dict[str, Any]] = (503, {"error": "not answered"})
+
+
+class LiveRecordings:
+    """``GET /recording`` of the status socket (``tunerd record ENGINE --for D``): the status
+    server's thread asks, the loop thread answers between its jobs — the store and the tapes
+    are the loop's, never read from another thread. The asking thread waits
+    :data:`ANSWER_WAIT_S` at most (a restart step in progress holds the loop that long)."""
+
+    def __init__(
+        self,
+        store: Store,
+        engines: Callable[[], Sequence[EngineLoop]],
+        now: Callable[[], float],
+        interval_s: Callable[[], float],
+        nudge: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self._engines = engines
+        self._now = now
+        self._interval = interval_s
+        self._nudge = nudge
+        self._asks: queue.SimpleQueue[_Ask] = queue.SimpleQueue()
+
+    def ask(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        """On the status server's thread: the window ``since``–``until`` (the daemon's clock,
+        epoch seconds; absent: all it holds, and now) of ``engine``; without ``since`` and
+        with ``probe``, only what it holds (``now``, ``oldest``, ``capacity_s``)."""
+        engine = query.get("engine", "")
+        try:
+            since = float(query["since"]) if "since" in query else None
+            until = float(query["until"]) if "until" in query else None
+        except ValueError:
+            return 400, {"error": "since and until are seconds since the epoch"}
+        if any(value is not None and not math.isfinite(value) for value in (since, until)):
+            return 400, {"error": "since and until are seconds since the epoch"}
+        ask = _Ask(engine, since, until if "probe" not in query else -math.inf)
+        self._asks.put(ask)
+        self._nudge()
+        if not ask.done.wait(ANSWER_WAIT_S):
+            return 503, {
+                "error": f"tunerd's loop did not answer within {ANSWER_WAIT_S:g} s (a restart step?)"
+            }
+        return ask.answer
+
+    def answer(self) -> None:
+        """On the loop thread: every pending ask."""
+        while True:
+            try:
+                ask = self._asks.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                ask.answer = self._cut(ask)
+            except Exception as error:  # one bad ask answers 500; the loop goes on
+                ask.answer = (500, {"error": f"{type(error).__name__}: {error}"})
+            ask.done.set()
+
+    def _cut(self, ask: _Ask) -> tuple[int, dict[str, Any]]:
+        loop = next((loop for loop in self._engines() if loop.name == ask.engine), None)
+        if loop is None:
+            names = ", ".join(loop.name for loop in self._engines())
+            return 404, {"error": f"no engine {ask.engine!r} (tunerd runs: {names})"}
+        now = self._now()
+        ticks = loop.tape.ticks
+        held = {
+            "engine": loop.name,
+            "now": now,
+            "oldest": ticks[0] if ticks else None,
+            "capacity_s": loop.tape.capacity * self._interval(),
+        }
+        if ask.until == -math.inf:  # a probe
+            return 200, held
+        since = ask.since if ask.since is not None else (ticks[0] if ticks else now)
+        until = min(ask.until, now) if ask.until is not None else now
+        lines = loop.tape.lines(self.store, loop.name, since, until, lookback=LOOKBACK_S, source="daemon")
+        return 200, held | {"lines": lines}

@@ -1,12 +1,15 @@
 """The daemon's status API: HTTP over a unix socket (mode 0660, so the ``tunerd`` group may
 read it). ``GET /status`` → DESIGN §4.8's JSON (``tunerd status`` is its client); ``POST
 /wake`` asks the daemon to look at its state now rather than at its next tick (``tunerd pin``,
-``resume`` and ``rollback`` write their word to the state database, then wake it).
+``resume`` and ``rollback`` write their word to the state database, then wake it); ``GET
+/recording?engine=E&since=T&until=T`` → an engine's recording of that window, as the daemon's
+loop thread cut it (``tunerd record ENGINE --for D`` is its client; docs/incidents.md).
 
 The server only hands out the latest status the daemon published (after each tick and each
 restart step): it never reads the daemon's state itself, so it needs no lock and a slow
-client never slows the loop. A connection idle for 10 s is closed, so silent clients cannot
-pile up threads.
+client never slows the loop. A recording is asked of the loop thread, which answers between
+its jobs; the handler waits for it a bounded time. A connection idle for 10 s is closed, so
+silent clients cannot pile up threads.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 __all__ = ["StatusServer"]
 
@@ -29,6 +33,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     published: Callable[[], dict[str, Any] | None]
     wake: Callable[[], None] | None
+    recording: Callable[[dict[str, str]], tuple[int, dict[str, Any]]] | None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -42,8 +47,12 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # the daemon logs what matters; a status poll is not an event
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] not in ("/status", "/status/"):
-            self._send(404, {"error": f"no such resource {self.path}; try /status"})
+        resource, _, query = self.path.partition("?")
+        if resource in ("/recording", "/recording/") and self.server.recording is not None:
+            self._send(*self.server.recording(dict(parse_qsl(query[:2048]))))
+            return
+        if resource not in ("/status", "/status/"):
+            self._send(404, {"error": f"no such resource {self.path[:200]}; try /status"})
             return
         status = self.server.published()
         if status is None:
@@ -83,10 +92,12 @@ class StatusServer:
         path: str | os.PathLike[str],
         published: Callable[[], dict[str, Any] | None],
         wake: Callable[[], None] | None = None,
+        recording: Callable[[dict[str, str]], tuple[int, dict[str, Any]]] | None = None,
     ) -> None:
         self.path = Path(path)
         self._published = published
         self._wake = wake
+        self._recording = recording
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -100,6 +111,7 @@ class StatusServer:
         server = _Server(str(self.path), _Handler, bind_and_activate=False)
         server.published = self._published
         server.wake = self._wake
+        server.recording = self._recording
         old_umask = os.umask(0o117)  # born 0660: no moment of a wider mode
         try:
             server.server_bind()

@@ -11,7 +11,7 @@ from tunerd.state import State
 SHIPPED = Path(__file__).parents[2] / "policies" / "default.yaml"
 
 
-def test_no_state_no_incident_and_the_daemon_recording_not_built_yet(tmp_path: Path) -> None:
+def test_no_state_no_incident_and_no_daemon_to_record_from(tmp_path: Path) -> None:
     missing = run_tunerd("incident", "list", "--state-dir", str(tmp_path / "none"))
     assert missing.returncode == 2
     assert "no state" in missing.stderr
@@ -25,10 +25,14 @@ def test_no_state_no_incident_and_the_daemon_recording_not_built_yet(tmp_path: P
     shown = run_tunerd("incident", "show", "5", "--state-dir", str(tmp_path / "state"))
     assert shown.returncode == 1
     assert "no incident 5 (tunerd incident list shows them)" in shown.stderr
-    later = run_tunerd("record", "main", "--for", "1h", str(tmp_path / "x.jsonl"))
+    later = run_tunerd(
+        "record", "main", "--for", "1h", str(tmp_path / "x.jsonl"), "--socket", str(tmp_path / "s")
+    )
     assert later.returncode == 2
-    assert "not built yet" in later.stderr
-    assert "--incident ID FILE" in later.stderr
+    assert f"no status socket at {tmp_path / 's'}: is tunerd running?" in later.stderr
+    neither = run_tunerd("record", str(tmp_path / "x.jsonl"))
+    assert neither.returncode == 2
+    assert "say --incident ID FILE, or ENGINE --for D FILE, or ENGINE --last D FILE" in neither.stderr
 
 
 def test_replay_names_the_bad_line_and_the_bad_policy(tmp_path: Path) -> None:

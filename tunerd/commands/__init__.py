@@ -20,7 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "the simulated GPU and vLLM engine, and a load generator"),
     "history": ("history", "recorded actions with their evidence (works while the daemon is down)"),
     "incident": ("incident", "post-mortems of every crash and action: what filled the GPU, what tunerd did"),
-    "record": ("incident", "write an incident's recording (signals, ticks, decisions) as a file"),
+    "record": (
+        "incident",
+        "write a recording (signals, ticks, decisions): an incident's, or the daemon's next or last D",
+    ),
     "replay": ("incident", "run policies over a recording: what they would have decided, beside what was"),
     "run": ("run", "watch the engines and tune them under the policies"),
     "gate": ("gate", "the KV-aware admission proxy in front of the engines (its own service)"),

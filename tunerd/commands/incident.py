@@ -2,25 +2,32 @@
 
 ``incident list|show`` read the state database read-only (they work while the daemon is down,
 and after a crash loop: each incident was written before its restart began). ``record
---incident ID FILE`` writes an incident's recording as a file; ``replay FILE --policies P…``
-runs policies over a recording and prints what they would have decided, beside what was.
+--incident ID FILE`` writes an incident's recording as a file, ``record ENGINE --for D FILE``
+the next D of the running daemon (``--last D``: the last it holds, over its status socket);
+``replay FILE --policies P…`` runs policies over a recording and prints what they would have
+decided, beside what was.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from tunerd.commands import summary
 from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_OK, Parser, UsageError, positive_int
 from tunerd.commands.history import add_state_arguments, state_dir_of
+from tunerd.commands.status import add_socket_argument, ask, socket_of
 from tunerd.incident import html_page, postmortem, render, unpack
 from tunerd.policy.schema import PolicyError, load_policy_files
 from tunerd.recording import Recording, RecordingError, compare, iter_json_lines, parse_lines, replay
 from tunerd.state import State, StateError
+from tunerd.units import format_duration, parse_duration
 
 __all__ = ["read_recording", "register"]
 
@@ -35,6 +42,19 @@ examples:
   tunerd incident show 12 --html oom.html  and the chart, on one page to open in a browser
 
 exit status: 0 shown, 1 no such incident, 2 bad usage or no state.
+"""
+
+_RECORD_EPILOG = """\
+examples:
+  tunerd record --incident 12 oom.jsonl      an incident's recording, from the state
+  tunerd record main --for 1h main.jsonl     the next hour, from the running daemon
+  tunerd record main --last 10m now.jsonl    the ten minutes just past
+
+A recording from the daemon is written again at each poll (every few seconds), so an
+interrupted one keeps what it had. Replay it with tunerd replay FILE --policies P.yaml.
+
+exit status: 0 written, 1 no such incident or nothing recorded, 2 bad usage or no daemon,
+130 interrupted (the file holds what was recorded).
 """
 
 _REPLAY_EPILOG = """\
@@ -85,23 +105,36 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     record = subparsers.add_parser(
         "record",
         help=summary("record"),
-        description="Write an incident's recording (the signals, ticks and decisions around it) as a file.",
-        epilog=_REPLAY_EPILOG,
+        description="Write a recording (an engine's signals, ticks and decisions, versioned JSON lines) "
+        "as a file: an incident's, the next D from the running daemon, or the last D it holds.",
+        epilog=_RECORD_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     record.add_argument(
-        "--incident", dest="id", type=positive_int, metavar="ID", help="the incident to write"
+        "--incident",
+        dest="id",
+        type=positive_int,
+        metavar="ID",
+        help="the incident's recording (from the state)",
     )
-    record.add_argument(
+    how = record.add_mutually_exclusive_group()
+    how.add_argument(
         "--for",
         dest="duration",
-        nargs="+",  # `record ENGINE --for D FILE` (the contract's order) parses, and is answered
-        metavar="D",
-        help="ENGINE --for D FILE: the next D from the running daemon (not built yet)",
+        nargs="+",  # `record ENGINE --for D FILE` (the contract's order): D, then the words after it
+        metavar=("D", "FILE"),
+        help="ENGINE --for D FILE: the next D (e.g. 1h) from the running daemon, written as it goes",
+    )
+    how.add_argument(
+        "--last",
+        nargs="+",
+        metavar=("D", "FILE"),
+        help="ENGINE --last D FILE: the last D the running daemon holds (an hour at 4 Hz)",
     )
     record.add_argument(
-        "paths", nargs="+", metavar="[ENGINE] FILE", help="where to write it (JSON lines; - for stdout)"
+        "paths", nargs="*", metavar="[ENGINE] FILE", help="where to write it (JSON lines; - for stdout)"
     )
+    add_socket_argument(record)
     add_state_arguments(record)
     record.set_defaults(handler=_record, prog=record.prog)
 
@@ -195,11 +228,22 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    if args.id is None or args.duration:
-        raise UsageError(
-            "recording from the running daemon (ENGINE --for D FILE) is not built yet; "
-            "write an incident's recording with --incident ID FILE (tunerd incident list shows them)"
-        )
+    live = args.duration or args.last
+    if live:
+        if args.id is not None:
+            raise UsageError("say --incident ID FILE, or ENGINE --for/--last D FILE, not both")
+        words = [*args.paths, *live[1:]]
+        if len(words) != 2:
+            raise UsageError("say ENGINE --for D FILE (or ENGINE --last D FILE)")
+        try:
+            span = parse_duration(live[0])
+        except ValueError as error:
+            raise UsageError(f"--{'for' if args.duration else 'last'} {live[0]!r}: {error}") from None
+        if span <= 0:
+            raise UsageError("the duration must be more than nothing")
+        return _record_live(args, engine=words[0], file=words[1], span=span, ahead=bool(args.duration))
+    if args.id is None:
+        raise UsageError("say --incident ID FILE, or ENGINE --for D FILE, or ENGINE --last D FILE")
     if len(args.paths) != 1:
         raise UsageError("with --incident, name one FILE")
     args.file = args.paths[0]
@@ -209,17 +253,93 @@ def _record(args: argparse.Namespace) -> int:
         return 1
     incident = found[0]
     recording = unpack(incident["recording"], f"incident {args.id}")
-    lines = iter_json_lines([recording.header, *recording.lines])
-    if args.file == "-":
-        sys.stdout.writelines(lines)
-    else:
-        Path(args.file).write_text("".join(lines), encoding="utf-8")
+    _write(args.file, [recording.header, *recording.lines])
+    if args.file != "-":
         print(
             f"wrote {args.file}: incident {args.id} ({incident['engine']}, {incident['kind']}), "
             f"{recording.ticks} ticks",
             file=sys.stderr,
         )
     return EXIT_OK
+
+
+LIVE_POLL_S = 5.0  # a live recording asks the daemon this often (real seconds) and rewrites its file
+LIVE_MAX_BYTES = 256 << 20  # an hour at 4 Hz is some tens of MiB of JSON
+
+
+def _record_live(args: argparse.Namespace, *, engine: str, file: str, span: float, ahead: bool) -> int:
+    """The next (``ahead``) or the last ``span`` seconds of ``engine`` from the daemon's socket."""
+    path = socket_of(args)
+    quoted = quote(engine, safe="")
+    held = ask(path, f"/recording?engine={quoted}&probe=1", 30.0, 1 << 20, what="a recording")
+    capacity = float(held["capacity_s"])
+    if span > capacity:
+        raise UsageError(
+            f"tunerd keeps the last {format_duration(capacity)} of {engine}'s ticks: record at most that "
+            "(for longer, several files one after the other)"
+        )
+    now = float(held["now"])
+    start, end = (now, now + span) if ahead else (now - span, now)
+    lines: list[dict[str, Any]] = []
+    try:
+        while True:
+            found = ask(
+                path,
+                f"/recording?engine={quoted}&since={start!r}&until={end!r}",
+                60.0,
+                LIVE_MAX_BYTES,
+                what="a recording",
+            )
+            lines = list(found.get("lines") or [])
+            ticks = sum(1 for line in lines if line.get("tick"))
+            if lines and file != "-":
+                _write(file, lines)
+            done = float(found["now"]) >= end
+            if ahead:
+                got = min(span, max(0.0, float(found["now"]) - start))
+                print(
+                    f"recording {engine}: {format_duration(got)} of {format_duration(span)}, {ticks:,} ticks",
+                    file=sys.stderr,
+                )
+            if done or not ahead:
+                break
+            time.sleep(LIVE_POLL_S)
+    except KeyboardInterrupt:
+        print(f"{args.prog}: stopped; {file} holds what was recorded so far", file=sys.stderr)
+        return 130
+    if not lines:
+        print(
+            f"{args.prog}: no ticks of {engine} in that window (is it running under tunerd?)", file=sys.stderr
+        )
+        return 1
+    if file == "-":
+        _write(file, lines)
+    oldest = found.get("oldest")
+    if not ahead and isinstance(oldest, (int, float)) and oldest > start:
+        print(
+            f"tunerd held only the last {format_duration(now - oldest)} of {engine}: wrote that",
+            file=sys.stderr,
+        )
+    if file != "-":
+        ticks = sum(1 for line in lines if line.get("tick"))
+        print(f"wrote {file}: {engine}, {ticks:,} ticks from the running daemon", file=sys.stderr)
+    return EXIT_OK
+
+
+def _write(file: str, lines: list[dict[str, Any]]) -> None:
+    """The recording's lines to ``file`` (``-``: stdout), replacing it whole (a reader never
+    sees half of one)."""
+    text = iter_json_lines(lines)
+    if file == "-":
+        sys.stdout.writelines(text)
+        return
+    target = Path(file)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        partial.write_text("".join(text), encoding="utf-8")
+        os.replace(partial, target)
+    except OSError as error:
+        raise UsageError(f"cannot write {file}: {error.strerror or error}") from None
 
 
 def read_recording(path: str) -> Recording:

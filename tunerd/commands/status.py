@@ -67,14 +67,21 @@ _WAKE_MAX_BYTES = 64 << 10
 def fetch(path: Path, timeout: float = 10.0) -> dict[str, Any]:
     """The daemon's status from its socket, all of it within ``timeout`` seconds and
     :data:`STATUS_MAX_BYTES`; :class:`UsageError` saying why otherwise."""
+    return ask(path, "/status", timeout, STATUS_MAX_BYTES, what="a status")
+
+
+def ask(path: Path, resource: str, timeout: float, max_bytes: int, what: str) -> dict[str, Any]:
+    """``GET resource`` of the daemon's socket: its JSON object, all of it within ``timeout``
+    seconds and ``max_bytes``; :class:`UsageError` saying why otherwise (``what`` names the
+    answer expected)."""
     if not path.exists():
         raise UsageError(f"no status socket at {path}: is tunerd running? (systemctl status tunerd)")
     try:
         reply = exchange(
             "GET",
-            "http://tunerd/status",
+            f"http://tunerd{resource}",
             deadline=timeout,
-            max_bytes=STATUS_MAX_BYTES,
+            max_bytes=max_bytes,
             transport=httpx.HTTPTransport(uds=str(path)),
         )
     except DeadlineExceeded:
@@ -82,15 +89,16 @@ def fetch(path: Path, timeout: float = 10.0) -> dict[str, Any]:
     except (httpx.HTTPError, ResponseTooLarge) as error:
         raise UsageError(f"tunerd did not answer on {path}: {type(error).__name__}: {error}") from None
     text = reply.body.decode("utf-8", "replace")
-    if reply.status != 200:
-        raise UsageError(f"tunerd answered {reply.status}: {text.strip()[:500]}")
     try:
-        status = json.loads(text)
+        found = json.loads(text)
     except (ValueError, RecursionError):
-        status = None
-    if not isinstance(status, dict):
-        raise UsageError(f"tunerd on {path} answered something that is not a status: {text[:100]!r}")
-    return status
+        found = None
+    if reply.status != 200:
+        said = found.get("error") if isinstance(found, dict) else None
+        raise UsageError(f"tunerd answered {reply.status}: {str(said or text.strip())[:500]}")
+    if not isinstance(found, dict):
+        raise UsageError(f"tunerd on {path} answered something that is not {what}: {text[:100]!r}")
+    return found
 
 
 def wake(path: Path) -> bool:
