@@ -74,6 +74,7 @@ from tunerd.signals import (
     cuda_total_bytes,
     engine_gpus,
     engine_memory,
+    gate_signals,
     gpu_room,
     gpu_signals,
 )
@@ -1009,6 +1010,8 @@ class Daemon:
             reply = self.gate.status()
             found = reply.data.get("engines", {}).get(name) if reply.ok else None
             loop.gate = dict(found) if isinstance(found, dict) else {"error": reply.error or "no such gate"}
+            for signal, value in gate_signals(loop.gate).items():  # None while the gate does not answer
+                self.store.record(signal, name, now, value, generation)
         gpus = engine_gpus(reading.gpus, loop.config.gpus)
         if gpus:
             worst = max(gpus, key=lambda gpu: gpu.memory_used_bytes or 0)

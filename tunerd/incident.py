@@ -46,12 +46,14 @@ NEIGHBOUR = "a neighbour grew into the engine's room"
 PLATEAU = "the engine grew past its budget (the prefill plateau: activations beside a full pool)"
 OOM = "the engine ran out of memory"
 SATURATED = "the KV pool saturated"
+SHED = "the gate shed load: more was asked than the KV pool holds"
 #: the causes in Chinese, for the alerts' second language
 CAUSES_ZH = {
     NEIGHBOUR: "其他进程增长，挤占了引擎的显存",
     PLATEAU: "引擎超出了预算（prefill 平台：KV 池满时的激活峰值）",
     OOM: "引擎显存不足",
     SATURATED: "KV 缓存池饱和",
+    SHED: "网关削减了负载：请求超出了 KV 缓存池的容量",
 }
 
 
@@ -153,6 +155,10 @@ def postmortem(incident: Mapping[str, Any], recording: Recording | None) -> dict
             "running": _at(running, peak_t),
             "waiting": _at(waiting, peak_t),
         }
+        for key, signal in _GATE_AT_PEAK.items():  # what was in flight at the gate, when there is one
+            found = _at(_values(series(recording, signal)), peak_t)
+            if found is not None:
+                out["peak"][key] = found
         out["bills"] = _bills(detail.get("figures") or {}, engine_at)
         out["grew"] = _grew(
             {"engine": engine, "neighbours": others, "gpu": used},
@@ -160,9 +166,19 @@ def postmortem(incident: Mapping[str, Any], recording: Recording | None) -> dict
             upto=peak_t,
         )
     over_budget = _values(series(recording, "engine_over_budget_bytes"))
-    signals = {"kv": kv, "preemptions": preemptions, "over_budget": over_budget}
+    shed = _values(series(recording, "gate_shed_total"))
+    signals = {"kv": kv, "preemptions": preemptions, "over_budget": over_budget, "shed": shed}
     out["cause"], out["evidence"] = _cause(out, detail, signals, at)
     return out
+
+
+#: the gate's signals a post-mortem's peak quotes, by the key it quotes them under
+_GATE_AT_PEAK = {
+    "gate_in_flight": "gate_in_flight",
+    "gate_prompt_tokens_in_flight": "gate_in_flight_prompt_tokens",
+    "gate_longest_prompt": "gate_longest_prompt_in_flight",
+    "gate_queued": "gate_queued",
+}
 
 
 def _bills(figures: Mapping[str, Any], engine_at: float | None) -> dict[str, float | None] | None:
@@ -210,6 +226,7 @@ def _cause(
 ) -> tuple[str | None, list[str]]:
     """The suspected cause, in one phrase, and the facts that point to it."""
     kv, preemptions, over_budget = signals["kv"], signals["preemptions"], signals["over_budget"]
+    shed = signals.get("shed") or []
     evidence: list[str] = []
     crash = detail.get("crash") or {}
     grew = {item["who"]: item for item in out.get("grew") or []}
@@ -230,6 +247,29 @@ def _cause(
         evidence.append(f"KV pool at {max(saturated):.0%} used")
     if rose > 0:
         evidence.append(f"{rose:.0f} preemptions in the window")
+    shed_count = sum(
+        b - a for (_, a), (_, b) in itertools.pairwise(shed) if b > a
+    )  # a gate's restart: no rise
+    gate = detail.get("gate") or {}
+    if shed_count > 0 or detail.get("shed"):
+        evidence.append(
+            f"the gate shed {detail.get('shed') or shed_count:.0f} requests (429 queue full, 503 waited)"
+        )
+    if gate.get("in_flight") is not None:
+        flying, prompts, longest, queued, need = (
+            _count(gate.get(key))
+            for key in (
+                "in_flight",
+                "in_flight_prompt_tokens",
+                "longest_prompt_in_flight",
+                "queued",
+                "queued_tokens",
+            )
+        )
+        evidence.append(
+            f"at the gate: {flying} in flight ({prompts} prompt tokens, the longest {longest}), "
+            f"{queued} queued ({need} tokens of KV need)"
+        )
     decision = detail.get("decision") or {}
     if decision.get("policy"):
         evidence.append(
@@ -246,6 +286,8 @@ def _cause(
         cause = PLATEAU
     elif crash.get("kind") == "cuda_oom":
         cause = OOM
+    elif out.get("kind") == "shed":
+        cause = SHED
     elif saturated or rose > 0:
         cause = SATURATED
     elif crash.get("kind"):
@@ -258,6 +300,10 @@ def _cause(
 
 
 # -- words --------------------------------------------------------------------------------------
+def _count(value: Any) -> str:
+    return f"{value:,.0f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
+
+
 def _size(value: Any) -> str:
     return "?" if value is None else format_size(float(value))
 
@@ -287,6 +333,12 @@ def render(found: Mapping[str, Any]) -> str:
             waiting = "?" if peak.get("waiting") is None else f"{peak['waiting']:.0f}"
             lines.append(
                 f"    KV pool {peak['kv_cache_usage']:.0%} used · {running} running · {waiting} waiting"
+            )
+        if peak.get("gate_in_flight") is not None:
+            lines.append(
+                f"    at the gate: {peak['gate_in_flight']:.0f} in flight, "
+                f"{peak.get('gate_prompt_tokens_in_flight', 0):,.0f} prompt tokens (the longest "
+                f"{peak.get('gate_longest_prompt', 0):,.0f}), {peak.get('gate_queued', 0):.0f} queued"
             )
         bills = found.get("bills")
         if bills:
@@ -439,6 +491,8 @@ def chart_of(
         over = get(line, "engine_over_budget_bytes")
         budget.append(engine - over if here and engine is not None and over is not None else None)
 
+    gate_queued = [get(line, "gate_queued") for _, _, line in rows]
+
     def metric(signal: str) -> list[float | None]:  # the engine's own figures: only while it is there
         return [get(line, signal) if here else None for (_, _, line), here in zip(rows, serving, strict=True)]
 
@@ -476,6 +530,11 @@ def chart_of(
         lines=[
             chart.Line("running", "#283593", metric("num_requests_running")),
             chart.Line("waiting", "#c62828", metric("num_requests_waiting"), dashed=True),
+            *(
+                [chart.Line("queued at the gate", "#6d4c41", gate_queued, dashed=True)]
+                if any(value is not None for value in gate_queued)
+                else []
+            ),
         ],
         height=90,
         fit=False,
@@ -503,6 +562,7 @@ def chart_of(
                     brief(f"#{action.get('id')} → {action.get('outcome')}: {action.get('reason')}", 160),
                 )
             )
+    marks += _shed_marks(rows)
     if not marks:
         marks.append(
             chart.Mark(at, str(incident.get("kind") or "incident"), str(incident.get("summary") or ""))
@@ -530,6 +590,22 @@ def _known_bills(figures: Mapping[str, Any]) -> dict[str, float] | None:
     values = [figures.get(key) for key in ("weights_bytes", "kv_available_bytes", "cuda_graph_bytes")]
     found = [float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else 0.0 for v in values]
     return dict(zip(_BILLS, found, strict=True)) if any(found) else None
+
+
+def _shed_marks(rows: Sequence[tuple[float, int, Mapping[str, Any]]]) -> list[chart.Mark]:
+    """A mark where the gate began to shed (the first rise of its count after none)."""
+    marks: list[chart.Mark] = []
+    before: float | None = None
+    shedding = False
+    for t, _, values in rows:
+        total = values.get("gate_shed_total")
+        if not isinstance(total, (int, float)):
+            continue
+        rising = before is not None and total > before
+        if before is not None and rising and not shedding:
+            marks.append(chart.Mark(t, "shed", f"the gate began to shed: {total - before:.0f} refused"))
+        shedding, before = rising, float(total)
+    return marks
 
 
 def _readings(recording: Recording) -> list[tuple[float, int, dict[str, Any]]]:

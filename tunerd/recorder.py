@@ -33,7 +33,8 @@ from tunerd.store import Store
 
 __all__ = ["INCIDENT_KINDS", "IncidentRecorder"]
 
-#: the history kinds that make an incident (alerts, pins and resumes are a person's words)
+#: the history kinds that make an incident (alerts, pins and resumes are a person's words);
+#: besides these, every crash and every spell of the gate shedding load (``shed``)
 INCIDENT_KINDS = ("tune", "restart", "rollback", "hold", "gate")
 JOIN_S = 120.0  # an action within this of an open incident of its engine joins it
 STARTS_KEPT = 8  # the starts whose figures an incident keeps
@@ -52,6 +53,9 @@ class _Engine:
     #: incident's chart splits each start's memory by bill
     starts: dict[str, dict[str, Any]] = field(default_factory=dict)
     crash: tuple[dict[str, Any], float] | None = None  # a crash whose incident is still to write
+    shed_seen: float | None = None  # the gate's shed count at the last tick
+    #: the open shed incident: (id, requests shed since it opened)
+    shedding: tuple[int, float] | None = None
 
 
 class IncidentRecorder:
@@ -140,32 +144,89 @@ class IncidentRecorder:
             found.seen = action["id"]
             if action["kind"] in INCIDENT_KINDS:
                 self._action(loop, found, action, reading, now)
+        shed = self._shed(loop, found, reading, now)
         restarting = loop.supervisor.in_flight()
         for incident, at in list(found.open.items()):
-            if restarting:
-                found.busy[incident] = now
+            if restarting or (shed and found.shedding is not None and found.shedding[0] == incident):
+                found.busy[incident] = now  # its minutes after count from when this ends
             if now >= self._done_at(found, incident, at):
                 self._complete(loop, found, incident, at, now)
 
+    def _shed(self, loop: EngineLoop, found: _Engine, reading: GpuReading, now: float) -> bool:
+        """The gate shed requests since the last tick: that opens a ``shed`` incident, or adds
+        to the open one (a shedding spell is one incident, complete two minutes after it
+        stopped). True while it sheds."""
+        latest = self.store.latest("gate_shed_total", loop.name)
+        total = latest.value if latest is not None else None
+        before, found.shed_seen = found.shed_seen, total
+        if total is None or before is None or total <= before:  # none, the first look, or a gate restart
+            return False
+        count = total - before
+        if found.shedding is not None and found.shedding[0] in found.open:
+            incident, so_far = found.shedding
+            found.shedding = (incident, so_far + count)
+            return True
+        gate = dict(loop.gate or {})
+        summary = (
+            f"the gate shed {count:.0f} requests of {loop.name} (429: its queue full; 503: waited past "
+            f"max_wait); {gate.get('queued', '?')} queued, {gate.get('in_flight', '?')} in flight"
+        )
+        detail = {
+            "gate": gate,
+            "processes": _processes(loop, reading),
+            "figures": _figures(loop),
+            "figures_by_generation": self._starts(loop, found),
+            "settings": loop.supervisor.running_settings() or dict(loop.config.settings),
+            "decision": next((d for t, d in reversed(loop.tape.decisions) if now - t <= JOIN_S), None),
+        }
+        try:
+            incident = self.state.add_incident(
+                engine=loop.name,
+                kind="shed",
+                at=now,
+                summary=summary,
+                detail=detail,
+                recording=self._recording(loop, now),
+                now=now,
+            )
+        except StateError as error:
+            self.say("incident_unwritten", engine=loop.name, kind="shed", error=str(error))
+            return True
+        found.open[incident] = now
+        found.shedding = (incident, count)
+        self.say("incident", engine=loop.name, id=incident, kind="shed", summary=summary)
+        return True
+
     def _complete(self, loop: EngineLoop, found: _Engine, incident: int, at: float, now: float) -> None:
         """The incident's recording with the minutes after it, and the start-up figures of the
-        engine running now (its chart splits that start's memory by bill too)."""
+        engine running now (its chart splits that start's memory by bill too); a shedding
+        spell's count of the requests shed."""
         record = self.state.incident(incident)
         detail = None
+        summary = None
         if record is not None:
             detail = dict(record["detail"])
             detail["figures_by_generation"] = {
                 **(detail.get("figures_by_generation") or {}),
                 **self._starts(loop, found),
             }
+            if found.shedding is not None and found.shedding[0] == incident:
+                detail["shed"] = found.shedding[1]
+                summary = (
+                    f"the gate shed {found.shedding[1]:.0f} requests of {loop.name} (429: its queue full; "
+                    "503: waited past max_wait)"
+                )
         self.state.update_incident(
             incident,
             now,
             detail=detail,
             recording=self._recording(loop, at, after=max(0.0, now - at)),
             complete=now >= self._done_at(found, incident, at),
+            summary=summary,
         )
         self._close(found, incident)
+        if found.shedding is not None and found.shedding[0] == incident:
+            found.shedding = None
 
     def _starts(self, loop: EngineLoop, found: _Engine) -> dict[str, dict[str, Any]]:
         """The start-up figures of the engine's starts seen, the running one's added when it

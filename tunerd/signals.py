@@ -19,11 +19,13 @@ from tunerd.units import GIB
 __all__ = [
     "ENGINE_MEMORY_SIGNALS",
     "ENGINE_METRIC_SIGNALS",
+    "GATE_SIGNALS",
     "GPU_SIGNALS",
     "SIGNALS",
     "EngineMemory",
     "engine_gpus",
     "engine_memory",
+    "gate_signals",
     "gpu_room",
     "gpu_signals",
     "share_a_gpu",
@@ -58,7 +60,50 @@ ENGINE_METRIC_SIGNALS = (
     "generation_tokens_total",
     "engine_up",
 )
-SIGNALS = frozenset(GPU_SIGNALS + ENGINE_MEMORY_SIGNALS + ENGINE_METRIC_SIGNALS)
+#: From the KV-aware gate in front of the engine, when there is one (docs/gate.md): what it let
+#: in and holds, the prompts in flight, and the requests it shed (429 for a full queue, 503 for
+#: one that waited past its max_wait) as a running count.
+GATE_SIGNALS = (
+    "gate_in_flight",
+    "gate_in_flight_prompt_tokens",
+    "gate_longest_prompt_in_flight",
+    "gate_queued",
+    "gate_queued_tokens",
+    "gate_shed_total",
+)
+SIGNALS = frozenset(GPU_SIGNALS + ENGINE_MEMORY_SIGNALS + ENGINE_METRIC_SIGNALS + GATE_SIGNALS)
+
+
+def gate_signals(snapshot: Mapping[str, Any]) -> dict[str, float | None]:
+    """The gate's signals from its status of one engine (``GET /gate/status``'s entry)."""
+
+    def number(key: str) -> float | None:
+        value = snapshot.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    decisions = snapshot.get("decisions")
+    shed = None
+    if isinstance(decisions, Mapping):
+        shed = float(
+            sum(
+                count
+                for key, count in decisions.items()
+                if isinstance(key, str)
+                and isinstance(count, (int, float))
+                and (
+                    key.startswith("timed_out/")
+                    or (key.startswith("rejected/") and key != "rejected/too_large")
+                )
+            )
+        )
+    return {
+        "gate_in_flight": number("in_flight"),
+        "gate_in_flight_prompt_tokens": number("in_flight_prompt_tokens"),
+        "gate_longest_prompt_in_flight": number("longest_prompt_in_flight"),
+        "gate_queued": number("queued"),
+        "gate_queued_tokens": number("queued_tokens"),
+        "gate_shed_total": shed,
+    }
 
 
 def gpu_signals(sample: GpuSample) -> dict[str, float | None]:

@@ -722,3 +722,63 @@ def test_a_stream_the_draining_engine_ends_without_a_token_waits_for_the_new_eng
     finally:
         hop.close()
         sim.stop()
+
+
+def test_a_spell_of_shedding_is_an_incident_with_what_was_in_flight(tmp_path: Path) -> None:
+    """Issue 20: the gate sheds (429, its queue full): tunerd, reading the gate at each tick,
+    opens a `shed` incident whose recording has the prompts in flight, whose post-mortem says
+    so, and whose chart marks where the shedding began."""
+    gate_port = free_port()
+    daemon = sim_daemon(
+        tmp_path,
+        top={"metrics": {"interval": "250ms"}},
+        gate={
+            "listen": f"127.0.0.1:{gate_port}",
+            "control": str(tmp_path / "gate.sock"),
+            "long_threshold": 1_000_000,
+            "queue": {"max_requests": 2, "max_wait": "5s"},
+        },
+    )
+    gate = start_gate(str(tmp_path / "tunerd.yaml"))
+    try:
+        gate.wait_event("gate_control_listening")
+        with running(daemon):
+            url = f"http://127.0.0.1:{gate_port}"
+            deadline = time.monotonic() + 30
+            while (daemon.engines[0].gate or {}).get("pool_tokens") is None:
+                assert time.monotonic() < deadline, daemon.engines[0].gate
+                time.sleep(0.1)
+            pool = int(daemon.engines[0].gate["pool_tokens"])  # type: ignore[index]
+            prompt = min(pool // 4, 30_000)  # a few run, two wait, the rest find the queue full
+            body = {"prompt": words(prompt), "max_tokens": 50, "ignore_eos": True}
+            answers = _together([lambda: _post(f"{url}/v1/completions", body) for _ in range(10)])
+            assert any(a.status_code == 429 for a in answers), [a.status_code for a in answers]
+            deadline = time.monotonic() + 30
+            while not (found := [i for i in daemon.state.incidents("main") if i["kind"] == "shed"]):
+                assert time.monotonic() < deadline, daemon.state.incidents("main")
+                time.sleep(0.2)
+            time.sleep(1)  # another tick or two: still one spell, one incident
+            assert len([i for i in daemon.state.incidents("main") if i["kind"] == "shed"]) == 1
+    finally:
+        gate.stop()
+    (shed,) = found
+    config = str(tmp_path / "tunerd.yaml")
+    shown = run_tunerd(
+        "incident", "show", str(shed["id"]), "--config", config, "--html", str(tmp_path / "s.html")
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "the gate shed" in shown.stdout
+    assert "Suspected cause: the gate shed load" in shown.stdout
+    assert re.search(r"at the gate: \d+ in flight \([\d,]+ prompt tokens, the longest [\d,]+\)", shown.stdout)
+    page = (tmp_path / "s.html").read_text()
+    assert '<g class="mark" data-kind="shed"' in page
+    recorded = run_tunerd(
+        "record", "--incident", str(shed["id"]), str(tmp_path / "s.jsonl"), "--config", config
+    )
+    assert recorded.returncode == 0, recorded.stderr
+    prompts = [
+        json.loads(line)["samples"].get("gate_in_flight_prompt_tokens")
+        for line in (tmp_path / "s.jsonl").read_text().splitlines()[1:]
+        if '"samples"' in line
+    ]
+    assert max(p for p in prompts if p is not None) >= prompt  # a prompt in flight, counted

@@ -369,6 +369,9 @@ class Admission:
             "budget_tokens": self.budget,
             "in_flight": len(self.running),
             "in_flight_tokens": self.in_flight_tokens,
+            # the prompts in flight (an incident's "what was in flight"): their sum and the longest
+            "in_flight_prompt_tokens": sum(t.prompt_tokens for t in self.running.values()),
+            "longest_prompt_in_flight": max((t.prompt_tokens for t in self.running.values()), default=0),
             "long_in_flight": self.long_running,
             "queued": len(self.queue),
             "queued_tokens": self.queued_tokens,
