@@ -149,14 +149,13 @@ def _walk_rises(points: list[tuple[float, float]], min_step: float) -> list[Rise
 def counter_rate(store: Store, signal: str, scope: str, now: float, window: float) -> float | None:
     """Per-second increase of a counter over ``window`` (one generation; a decrease is a
     reset, and only what follows it counts). None with fewer than two samples."""
-    _, times, values = _points(store, signal, scope, now, window)
-    for position in range(len(values) - 1, 0, -1):
-        if values[position] < values[position - 1]:
-            times, values = times[position:], values[position:]
-            break
-    if len(values) < 2 or times[-1] <= times[0]:
+    found = store.extremes(signal, scope, now, window)
+    if found.since_reset is None or found.newest is None:
         return None
-    return (values[-1] - values[0]) / (times[-1] - times[0])
+    (first_time, first), (last_time, last) = found.since_reset, found.newest
+    if last_time <= first_time:  # fewer than two readings since the reset
+        return None
+    return (last - first) / (last_time - first_time)
 
 
 def _latest(store: Store, signal: str, scope: str, now: float) -> float | None:
@@ -167,9 +166,12 @@ def _latest(store: Store, signal: str, scope: str, now: float) -> float | None:
 def _steps(store: Store, scope: str, now: float) -> tuple[bool, list[Rise] | None]:
     """(whether the engine's memory has samples in the look-back, its confirmed steps there —
     None with fewer than three readings)."""
+    window = store.extremes("engine_memory_bytes", scope, now, RATCHET_LOOKBACK_S)
+    if window.present < 3:
+        return window.exists, None
+    if window.high is not None and window.low is not None and window.high - window.low < RATCHET_MIN_STEP:
+        return True, []  # a window narrower than a step holds no rise: known without a scan
     exists, times, values = _points(store, "engine_memory_bytes", scope, now, RATCHET_LOOKBACK_S)
-    if len(values) < 3:
-        return exists, None
     return exists, [rise for rise in _rises(times, values, RATCHET_MIN_STEP) if rise.kind == "step"]
 
 
@@ -229,13 +231,12 @@ def neighbour_growth(
 ) -> Detection:
     """Other processes' memory on the engine's GPU rose by ``by`` (default 512 MiB) from its
     lowest point in ``window``."""
-    exists, _, values = _points(store, "other_processes_memory_bytes", scope, now, window)
-    if not exists:
+    found = store.extremes("other_processes_memory_bytes", scope, now, window)
+    if not found.exists:
         return Detection(False)
-    if not values:
+    if found.low is None or found.latest is None:
         return Detection(None)
-    lowest = min(values)
-    latest = values[-1]
+    lowest, latest = found.low, found.latest
     grown = latest - lowest
     threshold = by if by is not None else 512 * MIB
     return Detection(

@@ -16,7 +16,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from tunerd.signals import SIGNALS
 
@@ -43,10 +43,57 @@ class Event:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
+class Extremes(NamedTuple):
+    """A window's summary: whether it holds samples, how many are present (not missing), their
+    least and most, and the latest present one; and, read as a counter, the first present
+    reading after its last reset (a reading below the one before it) as (time, value), and
+    the latest as (time, value)."""
+
+    exists: bool
+    present: int
+    low: float | None
+    high: float | None
+    latest: float | None
+    since_reset: tuple[float, float] | None = None
+    newest: tuple[float, float] | None = None
+
+
+_NOTHING = Extremes(False, 0, None, None, None)
+
+
+class _Sliding:
+    """The least and most of one series' present readings over a window that moves forward
+    (monotonic deques of absolute sample numbers): each sample is looked at once however many
+    ticks ask, where a scan would look at the whole window at every tick."""
+
+    __slots__ = ("drops", "first", "generation", "highs", "lows", "missing", "next", "start")
+
+    def __init__(self, generation: int, start: int) -> None:
+        self.generation = generation
+        self.start = start  # the first sample number of the window last asked
+        self.next = start  # the first sample number not yet looked at
+        self.lows: deque[tuple[int, float]] = deque()  # increasing values: the front is the least
+        self.highs: deque[tuple[int, float]] = deque()  # decreasing values: the front is the most
+        self.missing: deque[int] = deque()  # numbers of the missing readings looked at
+        #: the present readings in the window, oldest first, as (number, time, value)
+        self.first: deque[tuple[int, float, float]] = deque()
+        self.drops: deque[tuple[int, float, float]] = deque()  # readings below the one before them
+
+
 class Series:
     """A fixed-capacity ring of samples; appends must not go back in time."""
 
-    __slots__ = ("_count", "_generations", "_last_time", "_next", "_times", "_values", "capacity")
+    __slots__ = (
+        "_appended",
+        "_count",
+        "_generations",
+        "_last_time",
+        "_next",
+        "_sliding",
+        "_times",
+        "_values",
+        "capacity",
+    )
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -58,6 +105,8 @@ class Series:
         self._next = 0
         self._count = 0
         self._last_time = -math.inf
+        self._appended = 0  # samples ever appended: a sample's number is its place in that count
+        self._sliding: dict[float, _Sliding] = {}  # window length → its sliding extremes
 
     def __len__(self) -> int:
         return self._count
@@ -71,6 +120,7 @@ class Series:
         self._generations[self._next] = generation
         self._next = (self._next + 1) % self.capacity
         self._count = min(self._count + 1, self.capacity)
+        self._appended += 1
 
     def _at(self, position: int) -> Sample:
         """The ``position``-th oldest sample held."""
@@ -103,6 +153,7 @@ class Series:
             resized._values[position - self._count + keep] = values[position]
             resized._generations[position - self._count + keep] = generations[position]
         resized._count = keep
+        resized._appended = keep  # numbered afresh: sample n is at n % capacity
         resized._next = keep % capacity
         resized._last_time = self._last_time
         return resized
@@ -138,6 +189,70 @@ class Series:
         if low >= high:
             return [], []
         return self._slice(self._times, low, high), self._slice(self._values, low, high)
+
+    def extremes(self, now: float, seconds: float) -> Extremes:
+        """:class:`Extremes` of :meth:`window` (the latest sample's generation) — the same as
+        scanning it, in O(1) amortized while ``now`` moves forward (it always does, in the
+        daemon and in a replay); a window that moved back or jumped is looked at afresh."""
+        if not self._count:
+            return _NOTHING
+        generation = self._generations[(self._next - 1) % self.capacity]
+        low = max(
+            self._find(self._times, now - seconds, False), self._find(self._generations, generation, False)
+        )
+        high = min(self._find(self._times, now, True), self._find(self._generations, generation, True))
+        if low >= high:
+            return _NOTHING
+        base = self._appended - self._count  # the number of the oldest sample held
+        first, end = base + low, base + high
+        sliding = self._sliding.get(seconds)
+        if (
+            sliding is None
+            or sliding.generation != generation
+            or first < sliding.start
+            or end < sliding.next
+            or sliding.next < first
+        ):
+            sliding = self._sliding[seconds] = _Sliding(generation, first)
+        sliding.start = first
+        for number in range(sliding.next, end):
+            value = self._values[number % self.capacity]
+            if math.isnan(value):
+                sliding.missing.append(number)
+                continue
+            while sliding.lows and sliding.lows[-1][1] >= value:
+                sliding.lows.pop()
+            sliding.lows.append((number, value))
+            while sliding.highs and sliding.highs[-1][1] <= value:
+                sliding.highs.pop()
+            sliding.highs.append((number, value))
+            time = self._times[number % self.capacity]
+            if sliding.first and value < sliding.first[-1][2]:
+                sliding.drops.append((number, time, value))
+            sliding.first.append((number, time, value))
+        sliding.next = end
+        for ordered in (sliding.lows, sliding.highs):
+            while ordered and ordered[0][0] < first:
+                ordered.popleft()
+        for numbered in (sliding.first, sliding.drops):
+            while numbered and numbered[0][0] < first:
+                numbered.popleft()
+        while sliding.missing and sliding.missing[0] < first:
+            sliding.missing.popleft()
+        present = end - first - len(sliding.missing)
+        if not present or not sliding.first:
+            return Extremes(True, 0, None, None, None)
+        start = sliding.drops[-1] if sliding.drops else sliding.first[0]  # after the last reset
+        newest = sliding.first[-1]
+        return Extremes(
+            True,
+            present,
+            sliding.lows[0][1],
+            sliding.highs[0][1],
+            newest[2],
+            (start[1], start[2]),
+            (newest[1], newest[2]),
+        )
 
     def _runs(self) -> tuple[int, int]:
         """Where the oldest sample is in the ring and how many follow it before the ring's end."""
@@ -282,6 +397,13 @@ class Store:
                 self._asked[key] = found
         # a copy of the lists, so that no caller's change reaches the next one
         return list(found[0]), list(found[1])
+
+    def extremes(self, signal: str, scope: str, now: float, seconds: float) -> Extremes:
+        """The least, most and latest present reading of :meth:`window` (the latest sample's
+        generation), and how many there are, as a window moving forward is kept: O(1)
+        amortized per tick (:meth:`Series.extremes`)."""
+        series = self._series.get((signal, scope))
+        return series.extremes(now, seconds) if series is not None else _NOTHING
 
     def span(self, signal: str, scope: str, since: float, until: float) -> list[Sample]:
         series = self._series.get((signal, scope))
