@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -251,6 +252,24 @@ def _the_crash_is_an_incident(tmp_path: Path, state: State, tune_id: int) -> Non
     oom = [d for d in decisions if d["policy"] == "oom"]
     assert oom, decisions
     assert all(d["recorded"] and d["replayed"] for d in decisions), decisions
+    # an edited policy (one that blames neighbours for any growth at all) would not have tuned:
+    # the difference is printed
+    edited = tmp_path / "edited.yaml"
+    edited.write_text((tmp_path / "policies.yaml").read_text().replace("512MiB", "0MiB"))
+    differs = _run_cli("replay", str(recording), "--policies", str(edited))
+    assert differs.returncode == 0, differs.stderr
+    assert "0 decisions as recorded, 1 different" in differs.stdout, differs.stdout
+    assert re.search(r"^  - .*oom: tune gpu_memory_utilization", differs.stdout, re.MULTILINE), differs.stdout
+    # the incident as a regression test: the policies it ran pass, the edited one fails, named
+    for policies, code in (("policies.yaml", 0), ("edited.yaml", 1)):
+        test = tmp_path / f"{policies}.test.yaml"
+        test.write_text(
+            f"policies: [{policies}]\ntests:\n  - name: the seed's OOM\n    recording: oom.jsonl\n"
+            "    expect_as_recorded: true\n"
+        )
+        tested = _run_cli("policy", "test", str(test))
+        assert tested.returncode == code, tested.stdout + tested.stderr
+    assert "only recorded" in tested.stdout + tested.stderr
 
 
 def test_a_growing_neighbour_is_alerted_not_tuned_and_the_crash_loop_held(tmp_path: Path) -> None:
