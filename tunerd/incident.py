@@ -161,7 +161,7 @@ def postmortem(incident: Mapping[str, Any], recording: Recording | None) -> dict
                 out["peak"][key] = found
         out["bills"] = _bills(detail.get("figures") or {}, engine_at)
         out["grew"] = _grew(
-            {"engine": engine, "neighbours": others, "gpu": used},
+            {"engine": engine, "neighbours": others, "gpu": used, **_per_neighbour(recording)},
             first=min(times) if times else at,
             upto=peak_t,
         )
@@ -179,6 +179,45 @@ _GATE_AT_PEAK = {
     "gate_longest_prompt": "gate_longest_prompt_in_flight",
     "gate_queued": "gate_queued",
 }
+
+
+#: the largest neighbours' own layers (the rest of them share one)
+_NEIGHBOUR_COLOURS = ("#c62828", "#ad1457", "#f06292")
+
+
+def _order(neighbours: Mapping[str, Any]) -> list[str]:
+    """The memory panel's layers bottom first: the engine's bills, each large neighbour, the
+    other neighbours, what no process owns."""
+    engine = [name for name in BILL_COLOURS if name.startswith("engine")]
+    rest = ["neighbours (other processes)", "unattributed (no process owns it)"]
+    return [*engine, *neighbours, *rest]
+
+
+def _per_neighbour(recording: Recording) -> dict[str, list[tuple[float, float]]]:
+    """Each neighbour's memory over the recording (its ``gpu_processes`` events), by a name a
+    person can find it by: ``pid 4242 (python)``."""
+    found: dict[str, list[tuple[float, float]]] = {}
+    looked = False  # a process that came after the first look held nothing before it came
+    for line in recording.lines:
+        if line.get("event") != "gpu_processes":
+            continue
+        seen = set()
+        for item in (line.get("data") or {}).get("processes") or []:
+            if not isinstance(item, Mapping) or item.get("engine") or item.get("pid") is None:
+                continue
+            used = item.get("used_bytes")
+            if not isinstance(used, (int, float)):
+                continue
+            who = f"pid {item['pid']} ({str(item.get('name') or '?')[:40]})"
+            if who not in found and looked:
+                found[who] = [(float(line["t"]), 0.0)]
+            found.setdefault(who, []).append((float(line["t"]), float(used)))
+            seen.add(who)
+        for who, points in found.items():  # gone: it holds nothing from here
+            if who not in seen and points[-1][1] != 0.0:
+                points.append((float(line["t"]), 0.0))
+        looked = True
+    return found
 
 
 def _bills(figures: Mapping[str, Any], engine_at: float | None) -> dict[str, float | None] | None:
@@ -466,7 +505,9 @@ def chart_of(
     budget: list[float | None] = []
     totals = []
     serving = []  # the readings with the engine there: the chart's y-range is fitted to them
-    for _, g, line in rows:
+    per_neighbour = _per_neighbour(recording)
+    top_neighbours = dict(sorted(per_neighbour.items(), key=lambda item: -max(v for _, v in item[1]))[:3])
+    for t, g, line in rows:
         used, total = get(line, "gpu_memory_used_bytes"), get(line, "gpu_memory_total_bytes")
         engine, others = get(line, "engine_memory_bytes"), get(line, "other_processes_memory_bytes")
         if total:
@@ -483,7 +524,13 @@ def chart_of(
         layers["engine (a start whose bills are not known)"].append(
             engine if here and known is None else None
         )
-        layers["neighbours (other processes)"].append(others)
+        named = 0.0
+        for who, points in top_neighbours.items():
+            value = _at(points, t)
+            layers.setdefault(who, []).append(value if value else None)
+            named += value or 0.0
+        rest_of_them = None if others is None else (max(0.0, others - named) if top_neighbours else others)
+        layers["neighbours (other processes)"].append(rest_of_them)
         unattributed = None
         if used is not None:
             unattributed = max(0.0, used - float(engine or 0.0) - float(others or 0.0))
@@ -501,9 +548,9 @@ def chart_of(
         unit="bytes",
         times=times,
         layers=[
-            chart.Layer(name, BILL_COLOURS[name], values)
-            for name, values in layers.items()
-            if any(value is not None for value in values)
+            chart.Layer(name, BILL_COLOURS.get(name) or _NEIGHBOUR_COLOURS[index % 3], layers[name])
+            for index, name in enumerate(_order(top_neighbours))
+            if any(value is not None for value in layers[name])
         ],
         lines=[
             chart.Line("the engine's budget (gpu_memory_utilization × total)", "#1b5e20", budget, dashed=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,8 @@ INCIDENT_KINDS = ("tune", "restart", "rollback", "hold", "gate")
 JOIN_S = 120.0  # an action within this of an open incident of its engine joins it
 STARTS_KEPT = 8  # the starts whose figures an incident keeps
 ANSWER_WAIT_S = 20.0  # a recording asked of the loop thread is waited for this long at most
+PROCESS_READINGS_KEPT = 8192  # changes of the processes on an engine's GPUs kept for its incidents
+PROCESS_CHANGE_BYTES = 32 << 20  # a process that moved less than this has not changed
 MAX_AFTER_S = 1800.0  # an incident is completed this long after its moment, whatever is in flight
 
 
@@ -53,6 +56,11 @@ class _Engine:
     #: incident's chart splits each start's memory by bill
     starts: dict[str, dict[str, Any]] = field(default_factory=dict)
     crash: tuple[dict[str, Any], float] | None = None  # a crash whose incident is still to write
+    #: the processes on the engine's GPUs, (time, list) at each tick they changed: an
+    #: incident's recording carries them (``gpu_processes`` events), its chart per PID
+    processes: deque[tuple[float, list[dict[str, Any]]]] = field(
+        default_factory=lambda: deque(maxlen=PROCESS_READINGS_KEPT)
+    )
     shed_seen: float | None = None  # the gate's shed count at the last tick
     #: the open shed incident: (id, requests shed since it opened)
     shedding: tuple[int, float] | None = None
@@ -136,6 +144,7 @@ class IncidentRecorder:
         after have passed are completed."""
         found = self._of(loop)
         self._starts(loop, found)
+        self._note_processes(loop, found, reading, now)
         self._write_crash(loop, found)
         if found.seen is None:  # what happened before tunerd started is history, not news
             newest = self.state.history(loop.name, limit=1)
@@ -151,6 +160,20 @@ class IncidentRecorder:
                 found.busy[incident] = now  # its minutes after count from when this ends
             if now >= self._done_at(found, incident, at):
                 self._complete(loop, found, incident, at, now)
+
+    @staticmethod
+    def _note_processes(loop: EngineLoop, found: _Engine, reading: GpuReading, now: float) -> None:
+        """The processes on the engine's GPUs now, kept when they changed (one came or went,
+        or one moved by :data:`PROCESS_CHANGE_BYTES`)."""
+        listed = _processes(loop, reading)
+        if found.processes:
+            before = {(item["gpu"], item["pid"]): item["used_bytes"] or 0 for item in found.processes[-1][1]}
+            now_held = {(item["gpu"], item["pid"]): item["used_bytes"] or 0 for item in listed}
+            if before.keys() == now_held.keys() and all(
+                abs(now_held[key] - before[key]) < PROCESS_CHANGE_BYTES for key in before
+            ):
+                return
+        found.processes.append((now, listed))
 
     def _shed(self, loop: EngineLoop, found: _Engine, reading: GpuReading, now: float) -> bool:
         """The gate shed requests since the last tick: that opens a ``shed`` incident, or adds
@@ -305,9 +328,21 @@ class IncidentRecorder:
         self.say("incident", engine=loop.name, id=incident, kind=action["kind"], summary=summary)
 
     def _lines(self, loop: EngineLoop, at: float, after: float = 0.0) -> list[dict[str, Any]]:
-        return loop.tape.lines(
+        """The recording of ``at``: the tape's lines, with the processes on the GPU as
+        ``gpu_processes`` events — the one in force at its first line, and each change."""
+        lines = loop.tape.lines(
             self.store, loop.name, at - BEFORE_S, at + after, lookback=LOOKBACK_S, source="incident"
         )
+        if len(lines) < 2:
+            return lines
+        first, until = float(lines[1]["t"]), at + after
+        kept = self._of(loop).processes
+        earlier = [entry for entry in kept if entry[0] < first][-1:]
+        changes = [
+            {"t": max(t, first), "event": "gpu_processes", "data": {"processes": listed}}
+            for t, listed in [*earlier, *(entry for entry in kept if first <= entry[0] <= until)]
+        ]
+        return [lines[0], *sorted([*lines[1:], *changes], key=lambda line: float(line["t"]))]
 
     def _recording(self, loop: EngineLoop, at: float, after: float = 0.0) -> bytes:
         return pack(self._lines(loop, at, after))

@@ -4,7 +4,7 @@ text the alerts quote, in both languages, and how an alert carries it."""
 from __future__ import annotations
 
 from tests.unit.notify.test_sinks import alert
-from tunerd.incident import NEIGHBOUR, PLATEAU, pack, postmortem, render, short, unpack
+from tunerd.incident import NEIGHBOUR, PLATEAU, chart_of, html_page, pack, postmortem, render, short, unpack
 from tunerd.notify.alert import render as render_alert
 from tunerd.recording import FORMAT, VERSION
 
@@ -91,3 +91,65 @@ def test_an_alert_carries_the_post_mortem_in_its_language_while_firing() -> None
     assert firing.to_dict()["postmortem"] == texts
     resolved = firing.resolved(firing.time + 60, "over")
     assert texts["en"] not in render_alert(resolved, "en").summary
+
+
+def _with_processes(lines: list[dict]) -> list[dict]:
+    """The neighbour-growth recording with what the GPU listed: the engine, Xorg, and a notebook
+    that comes at t=60 and grows to 1.5 GiB; the engine down (a restart) from t=100 to t=110."""
+    out = [lines[0]]
+    for given in lines[1:]:
+        t = given["t"] - 1000.0
+        line = given
+        if "samples" in given and 100 <= t < 110:
+            line = {**given, "samples": {**given["samples"], "engine_memory_bytes": None}}
+        out.append(line)
+        if "samples" in line and t % 10 == 0:
+            listed = [
+                {"gpu": 0, "pid": 11, "name": "python3", "used_bytes": 21 * GIB, "engine": True},
+                {"gpu": 0, "pid": 5, "name": "Xorg", "used_bytes": GIB // 2, "engine": False},
+            ]
+            if t >= 60:
+                grown = int(1.5 * GIB * min(1.0, (t - 60) / 30))
+                listed.append({"gpu": 0, "pid": 7, "name": "notebook", "used_bytes": grown, "engine": False})
+            out.append({"t": line["t"], "event": "gpu_processes", "data": {"processes": listed}})
+    return out
+
+
+def test_who_grew_names_the_neighbour_by_its_pid() -> None:
+    recording = unpack(pack(_with_processes(_recording(neighbour_grows=True))))
+    report = postmortem(_incident({"crash": {"kind": "cuda_oom"}}), recording)
+    grew = {item["who"]: item for item in report["grew"]}
+    assert grew["pid 7 (notebook)"]["from_bytes"] == 0  # it came during the window
+    assert grew["pid 7 (notebook)"]["by_bytes"] == 1.5 * GIB
+    assert "pid 5 (Xorg)" not in grew  # it did not move
+    assert "pid 7 (notebook): +1.50 GiB (0 B → 1.50 GiB)" in render(report)
+
+
+def test_the_incidents_chart_stacks_bills_and_neighbours_and_leaves_the_restart_a_gap() -> None:
+    recording = unpack(pack(_with_processes(_recording(neighbour_grows=True))))
+    detail = {
+        "crash": {"kind": "cuda_oom"},
+        "figures": {"weights_bytes": 5 * GIB, "kv_available_bytes": 15 * GIB, "cuda_graph_bytes": GIB // 4},
+        "actions": [
+            {"id": 3, "kind": "tune", "outcome": "succeeded", "reason": "oom", "time": "1970-01-01T00:18:41Z"}
+        ],
+    }
+    panels, marks = chart_of(_incident(detail), recording)
+    memory = {layer.name: layer.values for layer in panels[0].layers}
+    assert list(memory)[:4] == [
+        "engine: weights",
+        "engine: KV cache pool",
+        "engine: CUDA graphs",
+        "engine: activations, context and the rest",
+    ]
+    assert "pid 7 (notebook)" in memory
+    assert "pid 5 (Xorg)" in memory
+    times = list(panels[0].times)
+    during = [i for i, t in enumerate(times) if 1100 <= t < 1110]
+    assert during
+    assert all(memory["engine: weights"][i] is None for i in during)  # the restart: a gap
+    assert all(memory["pid 7 (notebook)"][i] for i in during)  # the neighbour was still there
+    assert sorted(mark.kind for mark in marks) == ["tune"]  # its time read from ISO 8601
+    assert marks[0].time == 1121.0
+    page = html_page(postmortem(_incident(detail), recording), _incident(detail), recording)
+    assert 'data-name="pid 7 (notebook)"' in page
