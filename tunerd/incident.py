@@ -600,7 +600,7 @@ def chart_of(
         if line.get("event") == "engine_crash"
     ]
     for action in detail.get("actions") or [] if actions is None else actions:
-        moment = _moment(action.get("time"))
+        moment = _moment(action.get("epoch")) or _moment(action.get("time"))  # older incidents: ISO only
         if moment is not None:
             marks.append(
                 chart.Mark(

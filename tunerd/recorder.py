@@ -291,7 +291,9 @@ class IncidentRecorder:
     def _action(
         self, loop: EngineLoop, found: _Engine, action: Mapping[str, Any], reading: GpuReading, now: float
     ) -> None:
-        entry = {key: action.get(key) for key in ("id", "kind", "outcome", "reason", "policy", "time")}
+        entry = {
+            key: action.get(key) for key in ("id", "kind", "outcome", "reason", "policy", "time", "epoch")
+        }
         joined = next((i for i, at in found.open.items() if now - at <= JOIN_S), None)
         if joined is not None:
             record = self.state.incident(joined)

@@ -941,6 +941,7 @@ def _action(row: sqlite3.Row) -> dict[str, Any]:
     return {
         "id": row["id"],
         "time": _iso(row["time"]),
+        "epoch": row["time"],  # the same moment in seconds since the epoch, to the microsecond
         "engine": row["engine"],
         "policy": row["policy"],
         "kind": row["kind"],

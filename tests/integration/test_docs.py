@@ -52,6 +52,7 @@ EXPECTED_EXIT = {
     # file"); tests/integration/test_run_stories.py shows, records and replays a real incident
     "tunerd incident show 3": 1,
     "tunerd incident show 12": 1,
+    "tunerd incident show 12 --html /tmp/incident-12.html": 1,
     "tunerd replay oom.jsonl --policies edited.yaml": 2,
 }
 #: Run elsewhere: the demo by tests/integration/test_demo.py, the test suite by CI, the gate

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import signal
 import sqlite3
@@ -83,8 +84,10 @@ def test_history_contract_newest_first_and_update_in_place(tmp_path: Path) -> No
         "outcome",
         "reason",
         "evidence",
+        "epoch",  # an extension of DESIGN §4.8's record: the time in seconds, for ordering
     }
     assert newest["time"] == "2027-01-15T08:01:00+00:00"
+    assert newest["epoch"] == dt.datetime.fromisoformat(newest["time"]).timestamp()
     assert newest["outcome"] == "succeeded"
     assert newest["reason"] == "pool saturated for 10m"  # one line
     assert newest["evidence"] == {"signals": {"kv_cache_usage": 0.93}, "log_lines": []}

@@ -210,7 +210,7 @@ def _show(args: argparse.Namespace) -> int:
     report = postmortem(incident, recording)
     if actions:  # their outcome now, not when the incident was written
         report["actions"] = [
-            {key: action.get(key) for key in ("id", "kind", "outcome", "reason", "policy", "time")}
+            {key: action.get(key) for key in ("id", "kind", "outcome", "reason", "policy", "time", "epoch")}
             for action in actions
         ]
     if args.json:
