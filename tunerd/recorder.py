@@ -99,10 +99,7 @@ class IncidentRecorder:
             "decision": describe(plan) if plan is not None else None,
             "crash": dict(crash)
             | {"excerpt": diagnosis_tail(loop.supervisor.process) if loop.supervisor.process else []},
-            "processes": _processes(loop, reading),
-            "figures": _figures(loop),
-            "figures_by_generation": self._starts(loop, found),
-            "settings": loop.supervisor.running_settings() or dict(loop.config.settings),
+            **self._moment(loop, found, reading),
         }
         found.crash = (detail, now)
         self._write_crash(loop, found)
@@ -116,28 +113,16 @@ class IncidentRecorder:
             f"{loop.name} crashed ({kind}): {brief(detail['crash'].get('message')) or 'no failure text'}"
         )
         lines = self._lines(loop, at)
-        try:
-            incident = self.state.add_incident(
-                engine=loop.name,
-                kind="crash",
-                at=at,
-                summary=summary,
-                detail=detail,
-                recording=pack(lines),
-                now=at,
-            )
-        except StateError as error:
-            self.say("incident_unwritten", engine=loop.name, kind="crash", error=str(error))
-            return
+        incident = self._open(loop, found, "crash", at, summary=summary, detail=detail, lines=lines)
+        if incident is None:
+            return  # tried again at the next tick
         found.crash = None
-        found.open[incident] = at
         if lines:
             report = postmortem(
                 {"id": incident, "engine": loop.name, "kind": "crash", "time": at, "detail": detail},
                 Recording(lines[0], lines[1:]),
             )
             self._latest[loop.name] = (at, {language: short(report, language) for language in ("en", "zh")})
-        self.say("incident", engine=loop.name, id=incident, kind="crash", summary=summary)
 
     def tick(self, loop: EngineLoop, reading: GpuReading, now: float) -> None:
         """New actions of the engine become incidents (or join one); incidents whose minutes
@@ -194,30 +179,12 @@ class IncidentRecorder:
             f"the gate shed {count:.0f} requests of {loop.name} (429: its queue full; 503: waited past "
             f"max_wait); {gate.get('queued', '?')} queued, {gate.get('in_flight', '?')} in flight"
         )
-        detail = {
-            "gate": gate,
-            "processes": _processes(loop, reading),
-            "figures": _figures(loop),
-            "figures_by_generation": self._starts(loop, found),
-            "settings": loop.supervisor.running_settings() or dict(loop.config.settings),
-            "decision": next((d for t, d in reversed(loop.tape.decisions) if now - t <= JOIN_S), None),
-        }
-        try:
-            incident = self.state.add_incident(
-                engine=loop.name,
-                kind="shed",
-                at=now,
-                summary=summary,
-                detail=detail,
-                recording=self._recording(loop, now),
-                now=now,
-            )
-        except StateError as error:
-            self.say("incident_unwritten", engine=loop.name, kind="shed", error=str(error))
-            return True
-        found.open[incident] = now
-        found.shedding = (incident, count)
-        self.say("incident", engine=loop.name, id=incident, kind="shed", summary=summary)
+        detail = {"gate": gate, "decision": _decision(loop, now), **self._moment(loop, found, reading)}
+        opened = self._open(
+            loop, found, "shed", now, summary=summary, detail=detail, lines=self._lines(loop, now)
+        )
+        if opened is not None:
+            found.shedding = (opened, count)
         return True
 
     def _complete(self, loop: EngineLoop, found: _Engine, incident: int, at: float, now: float) -> None:
@@ -304,30 +271,63 @@ class IncidentRecorder:
                     joined, now, action_ids=[*record["action_ids"], action["id"]], detail=detail
                 )
                 return
-        decision = next((d for t, d in reversed(loop.tape.decisions) if now - t <= JOIN_S), None)
         detail = {
             "actions": [entry],
-            "decision": decision,
+            "decision": _decision(loop, now),
             "evidence": action.get("evidence"),
+            **self._moment(loop, found, reading),
+        }
+        if action.get("from_settings"):
+            detail["settings"] = action["from_settings"]
+        who = action.get("policy") or "a person"
+        summary = f"{action['kind']} by {who} ({action['outcome']}): {brief(action['reason'])}"
+        lines = self._lines(loop, now)
+        kind = str(action["kind"])
+        self._open(
+            loop, found, kind, now, summary=summary, detail=detail, lines=lines, action_ids=[action["id"]]
+        )
+
+    def _moment(self, loop: EngineLoop, found: _Engine, reading: GpuReading) -> dict[str, Any]:
+        """What every incident keeps of its moment: the processes on the GPU, the start-up
+        figures (this start's, and each start's seen), the settings."""
+        return {
             "processes": _processes(loop, reading),
             "figures": _figures(loop),
             "figures_by_generation": self._starts(loop, found),
-            "settings": action.get("from_settings") or loop.supervisor.running_settings(),
+            "settings": loop.supervisor.running_settings() or dict(loop.config.settings),
         }
-        who = action.get("policy") or "a person"
-        summary = f"{action['kind']} by {who} ({action['outcome']}): {brief(action['reason'])}"
-        incident = self.state.add_incident(
-            engine=loop.name,
-            kind=str(action["kind"]),
-            at=now,
-            summary=summary,
-            detail=detail,
-            recording=self._recording(loop, now),
-            now=now,
-            action_ids=[action["id"]],
-        )
-        found.open[incident] = now
-        self.say("incident", engine=loop.name, id=incident, kind=action["kind"], summary=summary)
+
+    def _open(
+        self,
+        loop: EngineLoop,
+        found: _Engine,
+        kind: str,
+        at: float,
+        *,
+        summary: str,
+        detail: Mapping[str, Any],
+        lines: list[dict[str, Any]],
+        action_ids: list[int] | None = None,
+    ) -> int | None:
+        """A new incident in the state, open until its minutes after have passed; None (said)
+        when the state refused it."""
+        try:
+            incident = self.state.add_incident(
+                engine=loop.name,
+                kind=kind,
+                at=at,
+                summary=summary,
+                detail=dict(detail),
+                recording=pack(lines),
+                now=at,
+                action_ids=action_ids or [],
+            )
+        except StateError as error:
+            self.say("incident_unwritten", engine=loop.name, kind=kind, error=str(error))
+            return None
+        found.open[incident] = at
+        self.say("incident", engine=loop.name, id=incident, kind=kind, summary=summary)
+        return incident
 
     def _lines(self, loop: EngineLoop, at: float, after: float = 0.0) -> list[dict[str, Any]]:
         """The recording of ``at``: the tape's lines, with the processes on the GPU as
@@ -348,6 +348,11 @@ class IncidentRecorder:
 
     def _recording(self, loop: EngineLoop, at: float, after: float = 0.0) -> bytes:
         return pack(self._lines(loop, at, after))
+
+
+def _decision(loop: EngineLoop, now: float) -> dict[str, Any] | None:
+    """The policies' latest decision for the engine, if it came within :data:`JOIN_S`."""
+    return next((d for t, d in reversed(loop.tape.decisions) if now - t <= JOIN_S), None)
 
 
 def _processes(loop: EngineLoop, reading: GpuReading) -> list[dict[str, Any]]:
