@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from tunerd import __version__
 from tunerd.commands import COMMANDS
-from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_OK, Parser, UsageError
+from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_NO_DAEMON, EXIT_OK, NoDaemon, Parser, UsageError
 from tunerd.errors import InputError
 
 __all__ = ["main"]
@@ -52,7 +52,14 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser, which knows its options (and its --help)
+        own = getattr(args, "prog", None)
+        message = f"unrecognized arguments: {' '.join(extra)}"
+        if own:
+            print(f"{own}: error: {message} (see {own} --help)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        parser.error(message)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
@@ -60,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = getattr(args, "prog", "tunerd")
     try:
         return handler(args)
+    except NoDaemon as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return EXIT_NO_DAEMON
     except (UsageError, InputError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -28,7 +28,7 @@ def test_no_state_no_incident_and_no_daemon_to_record_from(tmp_path: Path) -> No
     later = run_tunerd(
         "record", "main", "--for", "1h", str(tmp_path / "x.jsonl"), "--socket", str(tmp_path / "s")
     )
-    assert later.returncode == 2
+    assert later.returncode == 3
     assert f"no status socket at {tmp_path / 's'}: is tunerd running?" in later.stderr
     neither = run_tunerd("record", str(tmp_path / "x.jsonl"))
     assert neither.returncode == 2

@@ -12,6 +12,7 @@ import pytest
 
 from tests.integration.cli import TunerdRun, run_tunerd
 from tests.integration.sim_daemon import sim_config
+from tunerd import __version__
 
 SHIPPED = Path(__file__).parents[2] / "policies" / "default.yaml"
 pytestmark = pytest.mark.slow
@@ -74,12 +75,19 @@ def test_the_next_and_the_last_minutes_from_the_running_daemon(tmp_path: Path) -
             assert raw.get("http://tunerd/recording?engine=main&since=1e300").json()["lines"] == []
     finally:
         assert tunerd.stop() == 0
+    # the journal's first and last lines say which tunerd ran with which config (issue 21)
+    started, stopped = tunerd.event("tunerd_starting"), tunerd.event("tunerd_stopped", timeout=10)
+    for said in (started, stopped):
+        assert said["version"] == __version__
+        assert said["config"] == str(config.resolve())
+    assert started["engines"] == ["main"]
+    assert (stopped["reason"], stopped["exit_code"]) == ("asked to stop", 0)
 
 
 def test_with_no_daemon_it_says_so(tmp_path: Path) -> None:
     config, _ = sim_config(tmp_path)
     done = run_tunerd("record", "main", "--for", "1h", str(tmp_path / "x.jsonl"), "--config", str(config))
-    assert done.returncode == 2
+    assert done.returncode == 3  # no daemon answered
     assert "no status socket at" in done.stderr
     assert "is tunerd running?" in done.stderr
     both = run_tunerd("record", "--incident", "3", "main", "--last", "1m", "x", "--config", str(config))

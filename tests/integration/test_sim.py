@@ -693,3 +693,47 @@ def test_many_clients_connecting_at_once_are_all_answered(tmp_path: Path) -> Non
             answers = asyncio.run(round_of(engine.url, 256))
             failed = [answer for answer in answers if answer != "200"]
             assert not failed, failed[:5]
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses (IPv4, as the kernel writes them) listening on ``port``."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, _, hexport = local.partition(":")
+        if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+            found.add(address)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the kernel's socket table")
+def test_sim_serve_listens_on_this_machine_only_unless_told(tmp_path: Path) -> None:
+    """Issue 21: `tunerd sim serve` with no --host binds 127.0.0.1 (a simulator is no service
+    for the network); vLLM's own 0.0.0.0 is there when asked for."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tunerd",
+            "sim",
+            "serve",
+            "--port",
+            str(port),
+            *FAST,
+            *SEED_MODEL,
+            *SEED_CONFIG,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _listening(port):
+            assert process.poll() is None, process.returncode
+            assert time.monotonic() < deadline, "the simulator never listened"
+            time.sleep(0.1)
+        assert _listening(port) == {"0100007F"}  # 127.0.0.1
+    finally:
+        process.terminate()
+        process.wait(timeout=15)

@@ -143,7 +143,7 @@ def test_status_json_has_every_contract_field_and_the_human_view_fits(tmp_path: 
 
 def test_status_without_a_daemon_says_where_it_looked(tmp_path: Path) -> None:
     done = _tunerd("status", "--socket", str(tmp_path / "none.sock"))
-    assert done.returncode == 2
+    assert done.returncode == 3  # no daemon answered: not a usage error (2)
     assert f"no status socket at {tmp_path / 'none.sock'}: is tunerd running?" in done.stderr
 
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tunerd.units import UnitError, parse_size, parse_token_count
 
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_NO",
+    "EXIT_NO_DAEMON",
     "EXIT_OK",
+    "NoDaemon",
     "Parser",
     "UsageError",
+    "examples",
     "positive_float",
     "positive_int",
     "size",
@@ -23,17 +26,36 @@ __all__ = [
 EXIT_OK = 0
 EXIT_NO = 1
 EXIT_BAD_INPUT = 2
+#: a command that talks to a running daemon (or gate) found none answering: not bad input,
+#: so that a script can tell "tunerd is down" from "I typed it wrong"
+EXIT_NO_DAEMON = 3
 
 
 class UsageError(Exception):
     """Bad input detected after parsing; reported as one line, exit 2."""
 
 
+class NoDaemon(UsageError):
+    """No daemon answered where the command looked for one; reported as one line, exit 3."""
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but an error is one line (``PROG: error: MESSAGE``) and exit 2."""
+    """argparse, but an error is one line (``PROG: error: MESSAGE``) and exit 2, and an option
+    is its whole name: ``--conc`` is not ``--concurrency`` (a script that abbreviates breaks
+    the day a second option starts the same way)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def examples(parser: argparse.ArgumentParser, text: str) -> None:
+    """``text`` (examples, then the exit status) under the parser's ``--help``, as written."""
+    parser.epilog = text
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def positive_int(text: str) -> int:

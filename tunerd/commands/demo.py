@@ -39,6 +39,9 @@ examples:
   tunerd demo --scenario crash-loop --lang zh
   tunerd demo --json > result.json         the outcome as one JSON object, no narration
   tunerd demo --box-seed 7                 a box whose truth tunerd must discover
+
+exit status: 0 the story ended as it should, 1 it did not (logs kept in the work directory),
+2 bad usage.
 """
 )
 

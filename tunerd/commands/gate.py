@@ -15,7 +15,7 @@ import sys
 
 from tunerd import logs
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError
+from tunerd.commands.common import EXIT_NO_DAEMON, EXIT_OK, Parser, UsageError, examples
 from tunerd.commands.config import load_or_usage_error
 from tunerd.config import Config
 from tunerd.gate.client import GateClient
@@ -36,10 +36,16 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
             "in their own lane; the rest wait in a bounded queue (429 with Retry-After when it is "
             "full, 503 after max_wait). tunerd holds new requests here while it restarts the engine."
         ),
-        epilog=(
-            "Examples: 'tunerd gate --config /etc/tunerd/tunerd.yaml' serves (systemd runs this); "
-            "'tunerd gate status --config /etc/tunerd/tunerd.yaml' asks a running gate. docs/gate.md"
-        ),
+    )
+    examples(
+        parser,
+        """\
+examples:
+  tunerd gate --config /etc/tunerd/tunerd.yaml          serve (systemd runs this; docs/gate.md)
+  tunerd gate status --config /etc/tunerd/tunerd.yaml   ask a running gate
+
+exit status: 0 stopped, 2 a bad config or no engine with a gate: block.
+""",
     )
     parser.add_argument(
         "--config", default=DEFAULT_CONFIG, help=f"the config file (default {DEFAULT_CONFIG})"
@@ -53,6 +59,16 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
         "--config", default=argparse.SUPPRESS, help=f"the config file (default {DEFAULT_CONFIG})"
     )
     status.add_argument("--json", action="store_true", help="the control socket's answer as it is")
+    examples(
+        status,
+        """\
+examples:
+  tunerd gate status --config /etc/tunerd/tunerd.yaml
+  tunerd gate status --json
+
+exit status: 0 shown, 2 bad usage or config, 3 no gate answered on its control socket.
+""",
+    )
     parser.set_defaults(handler=_gate, prog=parser.prog)
 
 
@@ -74,7 +90,7 @@ def _status(config: Config, as_json: bool) -> int:
             f"tunerd gate status: no gate answers at {path}: {reply.error}; is tunerd gate running?",
             file=sys.stderr,
         )
-        return EXIT_NO
+        return EXIT_NO_DAEMON
     data = reply.data
     if as_json:
         print(json.dumps(data, indent=2))

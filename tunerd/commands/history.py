@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_OK, Parser, UsageError, positive_int
+from tunerd.commands.common import EXIT_OK, Parser, UsageError, examples, positive_int
 from tunerd.paths import DEFAULT_CONFIG, DEFAULT_STATE_DIR
 from tunerd.state import State, StateError
 from tunerd.yamlfile import YamlError, load_yaml
@@ -34,6 +34,17 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     )
     add_state_arguments(parser)
     parser.set_defaults(handler=_run, prog=parser.prog)
+    examples(
+        parser,
+        """\
+examples:
+  tunerd history
+  tunerd history --engine llama31-8b --limit 20
+  tunerd history --json | jq '.actions[] | select(.kind == "tune")'
+
+exit status: 0 shown (also when nothing is recorded yet), 2 bad usage.
+""",
+    )
 
 
 def add_state_arguments(parser: argparse.ArgumentParser) -> None:

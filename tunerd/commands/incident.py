@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_OK, Parser, UsageError, positive_int
+from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_OK, Parser, UsageError, examples, positive_int
 from tunerd.commands.history import add_state_arguments, state_dir_of
 from tunerd.commands.status import add_socket_argument, ask, socket_of
 from tunerd.incident import html_page, postmortem, render, unpack
@@ -53,8 +53,8 @@ examples:
 A recording from the daemon is written again at each poll (every few seconds), so an
 interrupted one keeps what it had. Replay it with tunerd replay FILE --policies P.yaml.
 
-exit status: 0 written, 1 no such incident or nothing recorded, 2 bad usage or no daemon,
-130 interrupted (the file holds what was recorded).
+exit status: 0 written, 1 no such incident or nothing recorded, 2 bad usage, 3 no tunerd
+answered, 130 interrupted (the file holds what was recorded).
 """
 
 _REPLAY_EPILOG = """\
@@ -89,6 +89,16 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     listing.add_argument("--json", action="store_true", help='one JSON object: {"incidents": [...]}')
     add_state_arguments(listing)
     listing.set_defaults(handler=_list, prog=listing.prog)
+    examples(
+        listing,
+        """\
+examples:
+  tunerd incident list
+  tunerd incident list --engine llama31-8b --limit 10 --json
+
+exit status: 0 listed (also when there are none), 2 bad usage or no state.
+""",
+    )
     show = commands.add_parser("show", help="one incident's post-mortem")
     show.add_argument("id", type=positive_int, metavar="ID")
     shown = show.add_mutually_exclusive_group()
@@ -101,6 +111,17 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     )
     add_state_arguments(show)
     show.set_defaults(handler=_show, prog=show.prog)
+    examples(
+        show,
+        """\
+examples:
+  tunerd incident show 12
+  tunerd incident show 12 --json
+  tunerd incident show 12 --html /tmp/incident-12.html
+
+exit status: 0 shown, 1 no such incident, 2 bad usage or no state.
+""",
+    )
 
     record = subparsers.add_parser(
         "record",

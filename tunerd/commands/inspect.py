@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
+from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, examples, positive_int
 from tunerd.diagnosis import LogDiagnosis, diagnose
 from tunerd.gpu import GpuReading, GpuUnavailable, require_gpus
 from tunerd.sources.gpu import GpuSource
@@ -67,6 +67,17 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     )
     metrics.add_argument("--json", action="store_true", help="one JSON object on stdout")
     metrics.set_defaults(handler=_run_metrics, prog=metrics.prog)
+    examples(
+        metrics,
+        """\
+examples:
+  tunerd inspect metrics http://127.0.0.1:8000/metrics
+  curl -s http://127.0.0.1:8000/metrics | tunerd inspect metrics -
+  tunerd inspect metrics saved-page.txt --json
+
+exit status: 0 read, 1 the page held junk (reported, never raised), 2 bad usage.
+""",
+    )
 
     log = targets.add_parser(
         "log",
@@ -82,6 +93,17 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     )
     log.add_argument("--json", action="store_true", help="one JSON object on stdout")
     log.set_defaults(handler=_run_log, prog=log.prog)
+    examples(
+        log,
+        """\
+examples:
+  tunerd inspect log /var/lib/tunerd/engines/llama31-8b.log.1
+  journalctl -u vllm --since "1 hour ago" -o cat | tunerd inspect log - --exit-code 1
+  tunerd inspect log engine.log --json
+
+exit status: 0 read, 2 bad usage or a file that cannot be read.
+""",
+    )
 
     gpu = targets.add_parser(
         "gpu",
@@ -99,6 +121,17 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
         help="nvidia-smi and sim: give up after this long (default 5)",
     )
     gpu.set_defaults(handler=_run_gpu, prog=gpu.prog)
+    examples(
+        gpu,
+        """\
+examples:
+  tunerd inspect gpu
+  tunerd inspect gpu --source nvidia-smi --json
+  tunerd inspect gpu --source sim --url http://127.0.0.1:8000
+
+exit status: 0 sampled, 1 no GPU or no driver, 2 bad usage.
+""",
+    )
 
 
 def _missing_target(parser: Parser) -> int:

@@ -9,12 +9,13 @@ No URL or secret is printed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 
 from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_float
+from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, examples, positive_float
 from tunerd.commands.config import load_or_usage_error
 from tunerd.config import DEFAULT_CONFIG, notify_targets
 from tunerd.notify.alert import Action, Alert, fingerprint
@@ -25,6 +26,13 @@ __all__ = ["register", "sample_alert"]
 
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser = subparsers.add_parser("notify", help=summary("notify"))
+    examples(
+        parser,
+        """\
+examples:
+  tunerd notify test --config /etc/tunerd/tunerd.yaml
+""",
+    )
     commands = parser.add_subparsers(dest="notify_command", metavar="COMMAND", required=True)
     test = commands.add_parser(
         "test",
@@ -37,9 +45,25 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     )
     test.add_argument("--config", default=DEFAULT_CONFIG, help=f"the config file (default {DEFAULT_CONFIG})")
     test.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON object: {"ok", "accepted", "sinks": [{"name", "kind", "outcome", "detail"}]} '
+        "(outcome: ok, retry or permanent)",
+    )
+    test.add_argument(
         "--timeout", type=positive_float, default=10.0, metavar="SECONDS", help="per sink (default 10)"
     )
     test.set_defaults(handler=_test, prog=test.prog)
+    examples(
+        test,
+        """\
+examples:
+  tunerd notify test --config /etc/tunerd/tunerd.yaml
+  tunerd notify test --timeout 10 --json
+
+exit status: 0 every sink accepted it, 1 one did not, 2 a bad config.
+""",
+    )
 
 
 def sample_alert(now: float, host: str) -> Alert:
@@ -68,12 +92,20 @@ def _test(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.config}: no notify sinks configured (see docs/notify.md)")
     alert = sample_alert(SYSTEM_CLOCK.now(), socket.gethostname())
     accepted = 0
+    sinks = []
     for target in targets:
         outcome = send(target, [alert], SYSTEM_CLOCK.now(), args.timeout)
         verdict = {"ok": "accepted", "retry": "not accepted (try again later)", "permanent": "refused"}[
             outcome.kind
         ]
-        print(f"{target.name} ({target.kind}): {verdict}: {outcome.detail}", flush=True)
+        sinks.append(
+            {"name": target.name, "kind": target.kind, "outcome": outcome.kind, "detail": outcome.detail}
+        )
+        if not args.json:
+            print(f"{target.name} ({target.kind}): {verdict}: {outcome.detail}", flush=True)
         accepted += outcome.ok
-    print(f"{accepted} of {len(targets)} sinks accepted the test alert")
+    if args.json:
+        print(json.dumps({"ok": accepted == len(targets), "accepted": accepted, "sinks": sinks}, indent=2))
+    else:
+        print(f"{accepted} of {len(targets)} sinks accepted the test alert")
     return EXIT_OK if accepted == len(targets) else EXIT_NO

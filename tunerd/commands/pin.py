@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
+import json
 import os
 import pwd
 import sqlite3
@@ -28,13 +29,16 @@ from typing import Any
 
 from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_OK, Parser, UsageError
+from tunerd.commands.common import EXIT_OK, Parser, UsageError, examples
 from tunerd.commands.history import add_state_arguments, state_dir_of
 from tunerd.commands.status import add_socket_argument, socket_of, wake
 from tunerd.engine.args import settings_to_args
 from tunerd.state import DB_NAME, State, StateError
 
 __all__ = ["register"]
+
+
+_JSON_HELP = 'one JSON object: {"engine", "done", "said", "woken"} (woken: a running tunerd answered)'
 
 
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
@@ -47,7 +51,18 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     pin.add_argument("--reason", default="pinned by hand", help="why (shown in history)")
     add_state_arguments(pin)
     add_socket_argument(pin)
+    pin.add_argument("--json", action="store_true", help=_JSON_HELP)
     pin.set_defaults(handler=_pin, prog=pin.prog)
+    examples(
+        pin,
+        """\
+examples:
+  tunerd pin llama31-8b --reason "load test tonight: keep the settings"
+  tunerd pin llama31-8b --json
+
+exit status: 0 pinned (the running tunerd is woken to see it), 2 bad usage or no state.
+""",
+    )
     resume = subparsers.add_parser(
         "resume",
         help=summary("resume"),
@@ -57,7 +72,18 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     resume.add_argument("--reason", default="resumed by hand", help="why (shown in history)")
     add_state_arguments(resume)
     add_socket_argument(resume)
+    resume.add_argument("--json", action="store_true", help=_JSON_HELP)
     resume.set_defaults(handler=_resume, prog=resume.prog)
+    examples(
+        resume,
+        """\
+examples:
+  tunerd resume llama31-8b --reason "root cause fixed: the notebook moved to GPU 1"
+  tunerd resume llama31-8b --json
+
+exit status: 0 resumed, 2 bad usage or no state.
+""",
+    )
 
     rollback = subparsers.add_parser(
         "rollback",
@@ -74,7 +100,19 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     rollback.add_argument("--reason", default="rolled back by hand", help="why (shown in history)")
     add_state_arguments(rollback)
     add_socket_argument(rollback)
+    rollback.add_argument("--json", action="store_true", help=_JSON_HELP)
     rollback.set_defaults(handler=_rollback, prog=rollback.prog)
+    examples(
+        rollback,
+        """\
+examples:
+  tunerd rollback llama31-8b --reason "the last tune made it worse"
+  tunerd rollback llama31-8b --json
+
+exit status: 0 asked (the running tunerd does it through the restart saga), 2 nothing to roll
+back, bad usage or no state.
+""",
+    )
 
 
 def _user() -> str:
@@ -148,17 +186,15 @@ def _changing(args: argparse.Namespace, kind: str) -> Iterator[State]:
 def _pin(args: argparse.Namespace) -> int:
     with _changing(args, "pin") as state:
         state.set_flags(args.engine, pinned=True)
-    print(f"{args.engine}: pinned; `tunerd resume {args.engine}` lets tunerd tune it again")
-    _wake(args)
-    return EXIT_OK
+    return _said(
+        args, "pinned", f"{args.engine}: pinned; `tunerd resume {args.engine}` lets tunerd tune it again"
+    )
 
 
 def _resume(args: argparse.Namespace) -> int:
     with _changing(args, "resume") as state:
         state.set_flags(args.engine, pinned=False, held=False, paused=None)
-    print(f"{args.engine}: resumed; policies may tune it again")
-    _wake(args)
-    return EXIT_OK
+    return _said(args, "resumed", f"{args.engine}: resumed; policies may tune it again")
 
 
 def _who() -> str:
@@ -186,9 +222,7 @@ def _rollback(args: argparse.Namespace) -> int:
             state.set_flags(args.engine, paused=f"rolled back by a person: {args.reason}")
     finally:
         state.close()
-    print(f"{said}; tuning paused until `tunerd resume {args.engine}`")
-    _wake(args)
-    return EXIT_OK
+    return _said(args, "rollback asked", f"{said}; tuning paused until `tunerd resume {args.engine}`")
 
 
 def _ask(
@@ -241,8 +275,14 @@ def _ask_gate_rollback(state: State, args: argparse.Namespace, change: dict[str,
     )
 
 
-def _wake(args: argparse.Namespace) -> None:
-    """Tell the running tunerd to look now; say so when none answers."""
+def _said(args: argparse.Namespace, done: str, text: str) -> int:
+    """What was done, as a line (and a note when no tunerd answered the wake) or as JSON."""
     path = socket_of(args)
-    if not wake(path):
+    woken = wake(path)
+    if args.json:
+        print(json.dumps({"engine": args.engine, "done": done, "said": text, "woken": woken}))
+        return EXIT_OK
+    print(text)
+    if not woken:
         print(f"(no tunerd answered on {path}: it acts on this when it next runs)")
+    return EXIT_OK

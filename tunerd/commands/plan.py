@@ -63,6 +63,7 @@ examples:
   tunerd plan --model-config ./config.json --gpu-mem 24GiB --context 32K --json
   tunerd plan --model llama-3.1-8b --gpu h100-80g --context 131072 --concurrency 16 --check
   tunerd plan --list                                                     # models and GPUs
+  tunerd plan --list --json
   tunerd plan --calibrated main --gpu-memory-utilization 0.90            # on this box, measured
 
 exit status: 0 planned (fits or not), 1 does not fit (only with --check), 2 bad input.
@@ -227,6 +228,29 @@ def _resolve_gpu(args: argparse.Namespace) -> GpuProfile:
     return replace(profile, total_bytes=args.gpu_mem, reported=f"--gpu-mem {format_size(args.gpu_mem)}")
 
 
+def _known_json() -> dict[str, Any]:
+    """``plan --list --json``: the built-in models' shapes and the GPU profiles."""
+    return {
+        "models": {
+            name: {
+                "num_hidden_layers": shape.num_hidden_layers,
+                "num_key_value_heads": shape.num_key_value_heads,
+                "head_dim": shape.head_dim,
+                "max_position_embeddings": shape.max_position_embeddings,
+            }
+            for name, shape in sorted(BUILTIN_MODELS.items())
+        },
+        "gpus": {
+            name: {
+                "total_bytes": profile.total_bytes,
+                "safe_gpu_memory_utilization": round(safe_utilization(profile), 4),
+                "description": profile.description,
+            }
+            for name, profile in GPU_PROFILES.items()
+        },
+    }
+
+
 def _list_known() -> str:
     lines = ["Built-in models:"]
     for name, shape in sorted(BUILTIN_MODELS.items()):
@@ -299,7 +323,7 @@ def _calibrated(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
-        sys.stdout.write(_list_known())
+        sys.stdout.write(json.dumps(_known_json(), indent=2) + "\n" if args.json else _list_known())
         return EXIT_OK
     if args.calibrated:
         return _calibrated(args)

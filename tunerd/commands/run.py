@@ -17,13 +17,15 @@ clean one).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
 
-from tunerd import logs
+from tunerd import __version__, logs
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int
+from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, examples, positive_int
 from tunerd.commands.config import load_or_usage_error
 from tunerd.daemon import Daemon, secret_names
 from tunerd.paths import DEFAULT_CONFIG
@@ -50,6 +52,17 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
         "--ticks", type=positive_int, metavar="N", help="stop after N ticks (for tests and demos)"
     )
     parser.set_defaults(handler=_run, prog=parser.prog)
+    examples(
+        parser,
+        """\
+examples:
+  tunerd run --config /etc/tunerd/tunerd.yaml     what systemd runs (docs/install.md)
+  tunerd run --config tunerd.yaml --ticks 10      ten ticks, then stop (a try-out)
+
+exit status: 0 stopped (SIGTERM; the engines keep serving), 1 the loop kept failing, 2 a
+bad config or another tunerd on this host.
+""",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -71,11 +84,22 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)
+    # the first and the last line: which tunerd, with which config (a journal read months later)
+    said = {"version": __version__, "config": str(Path(args.config).resolve()), "pid": os.getpid()}
+    logs.say(
+        "tunerd_starting",
+        **said,
+        mode=str(config.mode),
+        engines=[engine.name for engine in config.engines],
+        state_dir=str(config.state_dir),
+    )
     try:
         daemon.start()
         daemon.run(stop, ticks=args.ticks)
     finally:
         daemon.close()
-    # ticks kept failing (said in the log): exit 1, so that systemd's Restart=on-failure starts
-    # a clean tunerd, which reconciles the engines with the state
+        # ticks kept failing (said in the log): exit 1, so that systemd's Restart=on-failure
+        # starts a clean tunerd, which reconciles the engines with the state
+        why = daemon.failure or ("asked to stop" if stop.is_set() else "its ticks were done")
+        logs.say("tunerd_stopped", **said, reason=why, exit_code=EXIT_NO if daemon.failure else EXIT_OK)
     return EXIT_NO if daemon.failure else EXIT_OK

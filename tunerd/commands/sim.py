@@ -15,7 +15,16 @@ import sys
 from dataclasses import replace
 
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_NO, EXIT_OK, Parser, UsageError, positive_int, size, utilization
+from tunerd.commands.common import (
+    EXIT_NO,
+    EXIT_OK,
+    Parser,
+    UsageError,
+    examples,
+    positive_int,
+    size,
+    utilization,
+)
 from tunerd.gpu import GRAPHICS
 from tunerd.planner.bills import KV_DTYPE_WORDS, WEIGHT_FORMATS
 from tunerd.planner.gpus import GPU_PROFILES, custom_gpu, gpu_profile
@@ -52,6 +61,9 @@ examples:
       --max-num-batched-tokens 2048 --kv-cache-dtype fp8 --time-scale 20 --port 8000
   tunerd sim load --url http://127.0.0.1:8000 --concurrency 4 --prompt-tokens 28000 \\
       --max-tokens 512 --requests 8
+
+exit status (serve): 0 stopped by SIGTERM or SIGINT (it drains, as vLLM does), non-zero when
+the engine fails — a start that does not fit, an OOM — with vLLM's text for it.
 """
 
 
@@ -111,6 +123,14 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
         description="Run a simulated vLLM engine on a simulated GPU, or send it load.",
     )
     parser.set_defaults(handler=lambda _args: parser.error("say serve or load"), prog=parser.prog)
+    examples(
+        parser,
+        """\
+examples:
+  tunerd sim serve meta-llama/Llama-3.1-8B-Instruct --port 8000 --gpu-memory-utilization 0.92
+  tunerd sim load --url http://127.0.0.1:8000 --concurrency 4 --prompt-tokens 2000 --duration 60s
+""",
+    )
     commands = parser.add_subparsers(title="what", dest="sim_command", metavar="WHAT", parser_class=Parser)
     _add_serve(commands)
     _add_load(commands)
@@ -130,7 +150,12 @@ def _add_serve(commands: argparse._SubParsersAction[Parser]) -> None:
     vllm = serve.add_argument_group("vLLM flags")
     vllm.add_argument("--model", help="same as MODEL_TAG")
     vllm.add_argument("--served-model-name", nargs="+", help="the name clients and /metrics use")
-    vllm.add_argument("--host", default="0.0.0.0")
+    vllm.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1: this machine only; vLLM's own default is "
+        "0.0.0.0 — say --host 0.0.0.0 for a simulator other machines reach)",
+    )
     vllm.add_argument("--port", type=int, default=8000)
     vllm.add_argument("--gpu-memory-utilization", type=utilization, default=0.92)
     vllm.add_argument("--max-model-len", type=_model_len)
@@ -216,6 +241,16 @@ def _add_load(commands: argparse._SubParsersAction[Parser]) -> None:
         help="keep sending while the engine is down (a restart) instead of stopping at the first refusal",
     )
     load.set_defaults(handler=_run_load, prog=load.prog)
+    examples(
+        load,
+        """\
+examples:
+  tunerd sim load --url http://127.0.0.1:8000 --concurrency 4 --prompt-tokens 2000 --duration 60s
+  tunerd sim load --url http://127.0.0.1:8000 --prompt-tokens 30000 --requests 8 --retry-refused
+
+exit status: 0 every request answered, 1 one failed, 2 bad usage.
+""",
+    )
 
 
 def _shape(args: argparse.Namespace) -> ModelShape:

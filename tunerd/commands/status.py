@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_OK, Parser, UsageError
+from tunerd.commands.common import EXIT_OK, NoDaemon, Parser, UsageError
 from tunerd.commands.history import add_state_arguments, state_dir_of
 from tunerd.paths import DEFAULT_CONFIG, RUN_DIR
 from tunerd.sources.http import DeadlineExceeded, ResponseTooLarge, exchange
@@ -25,6 +25,16 @@ from tunerd.status import render
 from tunerd.yamlfile import YamlError, load_yaml
 
 __all__ = ["register"]
+
+
+_EPILOG = """\
+examples:
+  tunerd status
+  tunerd status --json | jq '.engines[] | {name, state}'
+  tunerd status --socket /run/tunerd/tunerd.sock
+
+exit status: 0 shown, 2 bad usage, 3 no tunerd answered (not running, or not yet started).
+"""
 
 
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
@@ -38,6 +48,8 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
             "--json with every field of the contract. Colour only on a terminal; NO_COLOR turns "
             "it off."
         ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="the status as one JSON object")
     add_socket_argument(parser)
@@ -75,7 +87,7 @@ def ask(path: Path, resource: str, timeout: float, max_bytes: int, what: str) ->
     seconds and ``max_bytes``; :class:`UsageError` saying why otherwise (``what`` names the
     answer expected)."""
     if not path.exists():
-        raise UsageError(f"no status socket at {path}: is tunerd running? (systemctl status tunerd)")
+        raise NoDaemon(f"no status socket at {path}: is tunerd running? (systemctl status tunerd)")
     try:
         reply = exchange(
             "GET",
@@ -85,9 +97,9 @@ def ask(path: Path, resource: str, timeout: float, max_bytes: int, what: str) ->
             transport=httpx.HTTPTransport(uds=str(path)),
         )
     except DeadlineExceeded:
-        raise UsageError(f"tunerd did not answer on {path} within {timeout:g} s") from None
+        raise NoDaemon(f"tunerd did not answer on {path} within {timeout:g} s") from None
     except (httpx.HTTPError, ResponseTooLarge) as error:
-        raise UsageError(f"tunerd did not answer on {path}: {type(error).__name__}: {error}") from None
+        raise NoDaemon(f"tunerd did not answer on {path}: {type(error).__name__}: {error}") from None
     text = reply.body.decode("utf-8", "replace")
     try:
         found = json.loads(text)
@@ -95,7 +107,8 @@ def ask(path: Path, resource: str, timeout: float, max_bytes: int, what: str) ->
         found = None
     if reply.status != 200:
         said = found.get("error") if isinstance(found, dict) else None
-        raise UsageError(f"tunerd answered {reply.status}: {str(said or text.strip())[:500]}")
+        problem = NoDaemon if reply.status == 503 else UsageError  # starting, or its loop busy
+        raise problem(f"tunerd answered {reply.status}: {str(said or text.strip())[:500]}")
     if not isinstance(found, dict):
         raise UsageError(f"tunerd on {path} answered something that is not {what}: {text[:100]!r}")
     return found
