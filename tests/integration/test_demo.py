@@ -258,3 +258,20 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "invalid choice: 'nope'" in done.stderr
+
+
+def test_a_temporary_work_directory_is_named_only_while_it_exists(tmp_path: Path) -> None:
+    """Issue 21: without --workdir the demo's folder is removed when all went well, and its
+    JSON says so (null) rather than name a folder that is gone; a quiet stretch of the story
+    (ten seconds of wall time without a line) says what is going on."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tunerd", "demo", "--json", "--report", str(tmp_path / "r.html")],
+        check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["ok"]
+    assert result["workdir"] is None
+    quiet = [line for line in result["narration"] if "] … " in line]
+    assert quiet, result["narration"]
+    assert "without a change (the story ends 0:10:00 after the last)" in quiet[-1]

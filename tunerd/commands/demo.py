@@ -123,15 +123,21 @@ def _demo(args: argparse.Namespace) -> int:
     result = run_demo(options, tell=None if args.json else tell)
     report = Path(args.report)
     write_report(result, report)
-    if args.json:
-        print(json.dumps({**result.to_dict(), "report": str(report), "workdir": str(workdir)}, indent=2))
+    kept = bool(args.workdir) or not result.ok  # a temporary folder goes when all went well
+    if not kept:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:  # the work directory named only while it exists
+        print(
+            json.dumps(
+                {**result.to_dict(), "report": str(report), "workdir": str(workdir) if kept else None},
+                indent=2,
+            )
+        )
     else:
         print()
         for line in result.summary:
             print(line)
         print(f"\nreport: {report}")
-    if result.ok and not args.workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
-    elif not result.ok:
+    if not result.ok:
         print(f"tunerd demo: the story did not end as it should; logs in {workdir}", file=sys.stderr)
     return EXIT_OK if result.ok else EXIT_NO

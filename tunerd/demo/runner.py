@@ -295,6 +295,9 @@ def _load(options: DemoOptions, url: str) -> subprocess.Popen[bytes] | None:
     )
 
 
+QUIET_S = 10.0  # of wall time without a line: the demo says what is going on
+
+
 def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) -> DemoResult:
     """Play the scenario; return how it ended. Every process it started is stopped."""
     scenario = options.scenario
@@ -305,9 +308,12 @@ def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) ->
     def now() -> float:
         return (time.monotonic() - started) * scenario.time_scale
 
+    last_said = [time.monotonic()]
+
     def say(line: str, stamp: bool = True) -> None:
         text = f"[{clock_text(now())}] {line}" if stamp else line
         narration.append(text)
+        last_said[0] = time.monotonic()
         if tell is not None:
             tell(text)
 
@@ -386,6 +392,8 @@ def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) ->
                     )
                 )
             verdict = story.verdict(t)
+            if verdict is None and time.monotonic() - last_said[0] >= QUIET_S:
+                say(story.quiet(t, reading[0] if reading else None, reading[2] if reading else None))
             if verdict is not None and options.box_seed is not None:
                 truth = watch.truth(scenario.load)  # while the final engine still serves
             if verdict is None and daemon.poll() is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from tunerd.demo.scenarios import Scenario
 from tunerd.tune import changes
-from tunerd.units import GIB
+from tunerd.units import GIB, format_size
 
 __all__ = ["TEXTS", "Mark", "Story", "Verdict", "clock_text", "settings_text"]
 
@@ -28,6 +28,12 @@ TEXTS: dict[str, dict[str, str]] = {
         "start": "tunerd starts vLLM (simulated): {settings}",
         "load": "load: {clients} clients × {prompt:,}-token prompts, {out} tokens out each",
         "no_load": "load: none (a quiet box)",
+        "quiet": (
+            "… {what}; {used} of {total} used on the GPU; {since} without a change "
+            "(the story ends {quiet_for} after the last)"
+        ),
+        "quiet_serving": "serving",
+        "quiet_down": "the engine is not serving yet",
         "serving": "serving: KV pool {tokens:,} tokens ({concurrency:.2f}× {length:,}-token requests)",
         "ratchet": "memory ratchet: engine {over} over its budget, {free} free → {policy}: {did}",
         "crash": "engine died: {words} ({kind})",
@@ -59,6 +65,9 @@ TEXTS: dict[str, dict[str, str]] = {
         "start": "tunerd 启动 vLLM（模拟）：{settings}",
         "load": "负载：{clients} 个客户端 × {prompt:,} token 的提示，每个输出 {out} token",
         "no_load": "负载：无（空闲的机器）",
+        "quiet": "…… {what}；GPU 已用 {used} / {total}；{since} 没有变化（最后一次变化 {quiet_for} 后结束）",
+        "quiet_serving": "正在服务",
+        "quiet_down": "引擎尚未开始服务",
         "serving": "开始服务：KV 池 {tokens:,} token（{concurrency:.2f} 倍的 {length:,} token 请求）",
         "ratchet": "显存棘轮：引擎超出预算 {over}，剩余 {free} → {policy}：{did}",
         "crash": "引擎退出：{words}（{kind}）",
@@ -275,10 +284,30 @@ class Story:
     def ooms_after(self, time: float) -> int:
         return sum(1 for at, kind in self.crashes if at > time and kind == "cuda_oom")
 
+    def quiet_for(self) -> float:
+        """How long the story waits, without a change, before it is over (simulated seconds)."""
+        return (
+            self.scenario.stable_for
+            if self.tune_required
+            else max(self.scenario.stable_for, STABLE_UNTUNED_S)
+        )
+
+    def quiet(self, now: float, used: int | None, total: int | None) -> str:
+        """What is going on when nothing happened for a while: a line so that a long quiet
+        stretch is not mistaken for a hang."""
+        return self.say(
+            "quiet",
+            what=self.say("quiet_serving" if self.serving else "quiet_down"),
+            used="?" if used is None else format_size(used),
+            total="?" if total is None else format_size(total),
+            since=clock_text(max(0.0, now - self.last_change)),
+            quiet_for=clock_text(self.quiet_for()),
+        )
+
     def verdict(self, now: float) -> Verdict | None:
         """None while the story goes on; else how it ended."""
         scenario = self.scenario
-        quiet_for = scenario.stable_for if self.tune_required else max(scenario.stable_for, STABLE_UNTUNED_S)
+        quiet_for = self.quiet_for()
         stable = self.serving and now - self.last_change >= quiet_for
         held = any(row["kind"] == "hold" for row in self.rows)
         alerts = [row for row in self.rows if row["kind"] == "notify"]

@@ -119,3 +119,16 @@ def test_simulated_time_reads_as_hours_minutes_seconds() -> None:
     assert clock_text(0) == "0:00:00"
     assert clock_text(3 * 3600 + 5 * 60 + 7.9) == "3:05:07"
     assert clock_text(90_000) == "25:00:00"
+
+
+def test_a_quiet_stretch_says_what_is_going_on_in_both_languages() -> None:
+    story = Story(scenario("seed"))
+    assert story.quiet(30.0, None, None) == (
+        "… the engine is not serving yet; ? of ? used on the GPU; 0:00:30 without a change "
+        "(the story ends 0:10:00 after the last)"
+    )
+    story.on_serving(dict(scenario("seed").settings), 133_440, 100.0)
+    line = story.quiet(700.0, int(22.5 * 2**30), 24 * 2**30)
+    assert line.startswith("… serving; 22.50 GiB of 24.00 GiB used on the GPU; ")
+    chinese = Story(scenario("seed"), "zh")
+    assert chinese.quiet(30.0, None, None).startswith("…… 引擎尚未开始服务；")
