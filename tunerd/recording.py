@@ -37,6 +37,7 @@ from tunerd.policy.engine import ActionPlan, EngineContext, PolicyState, evaluat
 from tunerd.policy.schema import Policy
 from tunerd.signals import SIGNALS
 from tunerd.store import Event, Store
+from tunerd.tune import shown
 
 __all__ = [
     "FORMAT",
@@ -125,8 +126,12 @@ def state_from_dict(name: str, data: Mapping[str, Any]) -> PolicyState:
 
 def describe(plan: ActionPlan) -> dict[str, Any]:
     """A plan as a decision: which policies and what they asked, in words that compare."""
-    actions = [f"tune {knob} {before}→{after}" for knob, (before, after) in plan.changes.items()]
-    actions += [f"gate {limit} {before}→{after}" for limit, (before, after) in plan.gate_changes.items()]
+    actions = [
+        f"tune {knob} {shown(before)}→{shown(after)}" for knob, (before, after) in plan.changes.items()
+    ]
+    actions += [
+        f"gate {limit} {shown(before)}→{shown(after)}" for limit, (before, after) in plan.gate_changes.items()
+    ]
     if plan.restart is not None:
         actions.append("restart")
     if plan.rollback:

@@ -394,10 +394,16 @@ def settings_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[s
     }
 
 
+def shown(value: Any) -> str:
+    """A knob's value for people: one left unset is vLLM's default, never ``None``."""
+    return "default" if value is None else str(value)
+
+
 def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
-    """What differs, for people: ``["max_num_seqs 8→4", …]``, knobs sorted by name."""
+    """What differs, for people: ``["max_num_seqs 8→4", …]``, knobs sorted by name (an unset
+    knob reads ``default``)."""
     return [
-        f"{knob} {before.get(knob)}→{after.get(knob)}"
+        f"{knob} {shown(before.get(knob))}→{shown(after.get(knob))}"
         for knob in sorted(set(before) | set(after))
         if before.get(knob) != after.get(knob)
     ]

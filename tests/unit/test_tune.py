@@ -217,3 +217,13 @@ class TestFit:
                 "max_num_batched_tokens", "fit", 4096, [512, 8192], fit=(4096, "room", None), fit_up=up
             )
             assert (result.changed, result.settled) == (False, True)
+
+
+def test_an_unset_knob_reads_default_never_none() -> None:
+    """Issue 21: `None→0.92` is no way to tell a person that the knob was vLLM's default."""
+    from tunerd.tune import changes, shown
+
+    assert changes({}, {"gpu_memory_utilization": 0.92}) == ["gpu_memory_utilization default→0.92"]
+    assert changes({"max_num_seqs": 8}, {}) == ["max_num_seqs 8→default"]
+    assert shown(None) == "default"
+    assert shown(0) == "0"

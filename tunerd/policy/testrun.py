@@ -29,7 +29,7 @@ from tunerd.policy.schema import EVENTS, MODES, Policy, PolicyError, duration_pr
 from tunerd.recording import Recording, RecordingError, compare, parse_lines, replay
 from tunerd.signals import SIGNALS
 from tunerd.store import Event, Store
-from tunerd.tune import TUNABLES, bounds_problem, validate_value
+from tunerd.tune import TUNABLES, bounds_problem, shown, validate_value
 from tunerd.units import parse_duration
 from tunerd.yamlfile import Problem, YamlError, load_yaml, located
 
@@ -95,7 +95,7 @@ class TestOutcome:
 
 
 def _describe(plan: ActionPlan) -> str:
-    parts = [f"{knob} {before}→{after}" for knob, (before, after) in plan.changes.items()]
+    parts = [f"{knob} {shown(before)}→{shown(after)}" for knob, (before, after) in plan.changes.items()]
     if plan.restart is not None:
         parts.append("restart")
     if plan.rollback:
