@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tunerd.tune import MAX_VALUES, apply_tune, bounds_problem, validate_value
+from tunerd.tune import MAX_VALUES, apply_tune, bounds_problem, changes, shown, validate_value
 
 BOUNDS = {
     "max_num_seqs": [4, 16],
@@ -221,8 +221,6 @@ class TestFit:
 
 def test_an_unset_knob_reads_default_never_none() -> None:
     """Issue 21: `None→0.92` is no way to tell a person that the knob was vLLM's default."""
-    from tunerd.tune import changes, shown
-
     assert changes({}, {"gpu_memory_utilization": 0.92}) == ["gpu_memory_utilization default→0.92"]
     assert changes({"max_num_seqs": 8}, {}) == ["max_num_seqs 8→default"]
     assert shown(None) == "default"
