@@ -111,7 +111,7 @@ def plan_alerts(plan: ActionPlan, acted: Acted, host: str, now: float) -> list[O
             Alert(
                 severity="critical" if acted.pages else request.severity,  # type: ignore[arg-type]
                 status="firing",
-                title=f"{request.policy} on {plan.engine}",
+                title=_title(plan, request.policy, acted),
                 summary=f"{summary}; what tunerd did: {acted.text()}",
                 engine=plan.engine,
                 host=host,
@@ -127,6 +127,17 @@ def plan_alerts(plan: ActionPlan, acted: Acted, host: str, now: float) -> list[O
         )
         for request in asked
     ]
+
+
+def _title(plan: ActionPlan, policy: str, acted: Acted) -> str:
+    """An alert's title: the policy, or — for a change that did not take — what became of it,
+    so that the page for a rollback does not read as the alarm that asked for the change."""
+    if not acted.pages:
+        return f"{policy} on {plan.engine}"
+    if acted.result is not None and acted.result.outcome is Outcome.ROLLED_BACK:
+        started = "did not start; rolled back to the last good settings"
+        return f"{plan.engine}: the change {policy} asked for {started}"
+    return f"{plan.engine}: the change {policy} asked for did not take ({acted.outcome or 'not applied'})"
 
 
 _STARTS = {

@@ -49,7 +49,9 @@ def test_a_failing_pre_stop_aborts_the_restart_and_pages(tmp_path: Path) -> None
         assert "pre_stop hook failed (exit 4 in" in tune["reason"]
         assert "lb: pool busy, not removed): the old engine still serves" in tune["reason"]
         assert alert["kind"] == "notify"
-        assert alert["reason"].startswith("critical firing: fewer-seqs on main")
+        assert alert["reason"].startswith(
+            "critical firing: main: the change fewer-seqs asked for did not take (failed)"
+        )
         assert "restart failed: pre_stop hook failed" in alert["reason"]
         record = daemon.state.engine("main")
         assert record.pid == pid

@@ -40,6 +40,17 @@ def test_a_change_that_did_not_take_pages_even_a_quiet_policy() -> None:
     [out] = plan_alerts(_plan(Mode.ACT, notify=()), Acted(Did.FINISHED, result=result), "box", 1.0)
     assert (out.alert.severity, out.alert.policy) == ("critical", "oom")
     assert out.alert.undo is None
+    # titled by what became of the change, not as the alarm that asked for it (issue 21)
+    assert out.alert.title == (
+        "main: the change oom asked for did not start; rolled back to the last good settings"
+    )
+    gave_up = plan_alerts(_plan(Mode.ACT), Acted(Did.GAVE_UP, "the restart budget is spent"), "box", 1.0)
+    assert gave_up[0].alert.title == "main: the change oom asked for did not take (skipped)"
+    took = SagaResult(SagaKind.RESTART, Outcome.SUCCEEDED, 7, 3, "passed")
+    assert (
+        plan_alerts(_plan(Mode.ACT), Acted(Did.FINISHED, result=took), "box", 1.0)[0].alert.title
+        == "oom on main"
+    )
 
 
 def test_a_crash_restarted_with_the_same_settings_never_reports_the_proposal_as_done() -> None:
