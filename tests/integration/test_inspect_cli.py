@@ -146,6 +146,35 @@ class TestInspectLogAndMetrics:
         assert crash["kind"] == "cuda_oom"
         assert crash["other_processes"] == [{"pid": 854401, "bytes": round(78.43 * 1024**3)}]
 
+    def test_inspect_log_says_what_the_log_lacks_never_a_dash_with_a_unit(self, tmp_path: Path) -> None:
+        """Issue 21: a log without the start-up figures (an engine that died early) printed
+        `- GiB` and `-x at - tokens`."""
+        log = tmp_path / "early.log"
+        log.write_text(
+            "(APIServer pid=1) INFO 12-02 10:00:00 [api_server.py:1] vLLM API server version 0.33.0\n"
+        )
+        result = tunerd("inspect", "log", str(log))
+        assert result.returncode == 0, result.stderr
+        assert "  model loading          not in the log\n" in result.stdout
+        assert "  max concurrency        not in the log\n" in result.stdout
+        assert "- GiB" not in result.stdout
+        assert "-x" not in result.stdout
+
+    def test_inspect_metrics_shows_each_engines_usage_as_the_totals(self, tmp_path: Path) -> None:
+        page = tmp_path / "dp.txt"
+        page.write_text(
+            "".join(
+                f'vllm:kv_cache_usage_perc{{engine="{n}",model_name="m"}} {usage}\n'
+                f'vllm:num_requests_running{{engine="{n}",model_name="m"}} 2\n'
+                for n, usage in ((0, 0.25), (1, 0.5))
+            )
+        )
+        result = tunerd("inspect", "metrics", str(page))
+        assert result.returncode == 0, result.stderr
+        assert "KV cache usage             50.0%" in result.stdout  # the worst engine's
+        assert "engine 0: usage 25.0%" in result.stdout
+        assert "engine 1: usage 50.0%" in result.stdout
+
     def test_inspect_log_missing_file_exit_2(self) -> None:
         result = tunerd("inspect", "log", "/nonexistent.log")
         assert result.returncode == 2

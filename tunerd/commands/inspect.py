@@ -215,8 +215,9 @@ def _metrics_text(snapshot: MetricsSnapshot) -> str:
     if snapshot.engine_count > 1:
         lines.append("  per engine:")
         for engine in snapshot.engines:
+            usage = "-" if engine.kv_cache_usage is None else f"{engine.kv_cache_usage:.1%}"  # as the total's
             lines.append(
-                f"    engine {engine.engine}: usage {_show(engine.kv_cache_usage)}, running "
+                f"    engine {engine.engine}: usage {usage}, running "
                 f"{_show(engine.num_requests_running)}, waiting {_show(engine.num_requests_waiting)}, "
                 f"capacity {_show(engine.kv_cache_size_tokens)} tokens"
             )
@@ -237,11 +238,21 @@ def _run_log(args: argparse.Namespace) -> int:
 
 
 def _log_text(result: LogDiagnosis) -> str:
+    missing = "not in the log"
+
+    def quantity(value: Any, unit: str) -> str:  # a figure the log lacks: said so, never "- GiB"
+        return missing if value is None else f"{_show(value)} {unit}"
+
+    concurrency = missing
+    if result.max_concurrency is not None:
+        concurrency = f"{_show(result.max_concurrency)}x"
+        if result.max_model_len is not None:
+            concurrency += f" at {_show(result.max_model_len)} tokens"
     lines = [
-        f"  model loading          {_show(result.model_loading_gib)} GiB",
-        f"  available KV memory    {_show(result.available_kv_cache_gib)} GiB",
-        f"  KV cache size          {_show(result.kv_cache_size_tokens)} tokens",
-        f"  max concurrency        {_show(result.max_concurrency)}x at {_show(result.max_model_len)} tokens",
+        f"  model loading          {quantity(result.model_loading_gib, 'GiB')}",
+        f"  available KV memory    {quantity(result.available_kv_cache_gib, 'GiB')}",
+        f"  KV cache size          {quantity(result.kv_cache_size_tokens, 'tokens')}",
+        f"  max concurrency        {concurrency}",
         f"  server came up         {'yes' if result.ready else 'no'}",
         f"  shutdown requested     {'yes' if result.shutdown_requested else 'no'}",
     ]
