@@ -589,6 +589,7 @@ class Daemon:
         reading = self.sampler.latest
         gpus = list(reading.gpus) if reading is not None else []
         free_by_index = {gpu.index: gpu.memory_free_bytes for gpu in gpus}
+        total_by_index = {gpu.index: gpu.memory_total_bytes for gpu in gpus}
         engines = []
         for loop in self.engines:
             record = self.state.engine(loop.name)
@@ -618,6 +619,9 @@ class Daemon:
                     free=free_by_index.get(memory.gpu_index)
                     if memory and memory.gpu_index is not None
                     else None,
+                    total=total_by_index.get(memory.gpu_index)
+                    if memory and memory.gpu_index is not None
+                    else None,
                     metrics=_metrics_fields(loop.snapshot),
                     policies=loop.policy_states.values(),
                     restarts_in_window=used,
@@ -643,6 +647,7 @@ class Daemon:
             engines=engines,
             state_trouble=troubles,
             gpu_source=self.sampler.health().to_dict(),
+            wall_time=SYSTEM_CLOCK.now() if isinstance(self.clock, SimulatorClock) else None,
         )
 
     def _recommendation(self, loop: EngineLoop) -> dict[str, Any] | None:

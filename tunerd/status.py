@@ -60,10 +60,12 @@ def bills(
     engine_bytes: int | None,
     other_processes: int | None,
     free: int | None,
+    total: int | None = None,
 ) -> dict[str, int | None]:
     """The four bills and what is free, in bytes: ``weights`` and ``kv_pool`` from the engine's
     own log and ``cache_config_info``; ``engine_other`` is the rest of what the engine's
-    processes hold on the GPU (activations, CUDA context and graphs). Unknown stays None."""
+    processes hold on the GPU (activations, CUDA context and graphs); ``total``, the GPU's, the
+    bar's whole. Unknown stays None."""
     other = None
     if engine_bytes is not None and weights is not None and kv_pool is not None:
         other = max(0, engine_bytes - weights - kv_pool)
@@ -73,6 +75,7 @@ def bills(
         "engine_other": other,
         "other_processes": other_processes,
         "free": free,
+        "total": total,
     }
 
 
@@ -94,6 +97,7 @@ def engine_status(
     free: int | None,
     metrics: Mapping[str, Any] | None,
     policies: Iterable[PolicyState],
+    total: int | None = None,
     restarts_in_window: int,
     budget_left: int,
     last_actions: Sequence[Mapping[str, Any]],
@@ -129,6 +133,7 @@ def engine_status(
             engine_bytes=memory.engine_memory_bytes if memory else None,
             other_processes=memory.other_processes_memory_bytes if memory else None,
             free=free,
+            total=total,
         ),
         "metrics": None if metrics is None else dict(metrics),
         "calibration": None if calibration is None else dict(calibration),
@@ -160,15 +165,18 @@ def status_document(
     engines: Sequence[Mapping[str, Any]],
     state_trouble: Sequence[Mapping[str, Any]] = (),
     gpu_source: Mapping[str, Any] | None = None,
+    wall_time: float | None = None,
 ) -> dict[str, Any]:
     """The whole of ``tunerd status --json``: the mode, the GPUs, each engine — and
     ``state_trouble``: each write the state refuses now (which engine, what for, why, since
     when, the tries, the next), empty while it takes them; ``gpu_source``: how the GPU
     source is doing (``state`` ok, failing or degraded, the failures, the latest error, the
-    calls the driver lacks)."""
+    calls the driver lacks); ``wall_time``: the real time, when tunerd runs on the simulator's
+    clock (``time`` is then the simulated one)."""
     return {
         "mode": str(mode),
         "time": now,
+        "wall_time": wall_time,
         "state_trouble": [dict(trouble) for trouble in state_trouble],
         "gpu_source": dict(gpu_source) if gpu_source is not None else None,
         "gpus": [
@@ -236,21 +244,41 @@ def _paint(text: str, code: str, color: bool) -> str:
 
 
 def _bar(parts: Mapping[str, Any], width: int, color: bool) -> str:
-    known = {key: value for key, value in parts.items() if isinstance(value, int) and value > 0}
-    total = sum(known.values())
-    if not total:
+    """The bills as a bar of ``width`` cells, the whole being the GPU's total when it is known:
+    a bill not known is ``?`` cells (what the known ones leave), never stretched over by the
+    others."""
+    keys = [key for key, *_ in BILLS]
+    known = {key: parts[key] for key in keys if isinstance(parts.get(key), int) and parts[key] > 0}
+    missing = [key for key in keys if not isinstance(parts.get(key), int)]
+    total = parts.get("total")
+    whole = total if isinstance(total, int) and total > 0 else sum(known.values())
+    if not whole:
         return "[" + "?" * width + "]"
     cells: list[str] = []
     used = 0
     for index, (key, _, glyph, code) in enumerate(BILLS):
         if key not in known:
             continue
-        last = all(k not in known for k, *_ in BILLS[index + 1 :])
-        count = width - used if last else round(known[key] / total * width)
+        last = not missing and all(k not in known for k, *_ in BILLS[index + 1 :])
+        count = width - used if last else round(known[key] / whole * width)
         count = max(0, min(count, width - used))
         used += count
         cells.append(_paint(("█" if color else glyph) * count, code, color))
+    if used < width:  # what no known bill accounts for
+        cells.append(_paint("?" * (width - used), "2", color))
     return "[" + "".join(cells) + "]"
+
+
+def _legend(parts: Mapping[str, Any], color: bool) -> str:
+    """The bar's key: each bill's colour (or glyph) with its name and size, and ``?`` when a
+    bill is not known."""
+    items = [
+        f"{_paint('█', code, True) if color else glyph} {label} {_number(parts.get(key))}"
+        for key, label, glyph, code in BILLS
+    ]
+    if any(not isinstance(parts.get(key), int) for key, *_ in BILLS):
+        items.append("? not known")
+    return "GiB: " + " · ".join(items)
 
 
 def _when(moment: Any) -> str:
@@ -337,7 +365,12 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
     """One screen for a person: GPUs, then per engine its state, settings, the bills as a bar,
     the pool, policies, guards and last actions. Lines never exceed :data:`WIDTH` columns (the
     bar's escape codes aside)."""
-    lines = [f"tunerd — mode {status.get('mode', '?')} — {_when(status.get('time'))}"]
+    wall = status.get("wall_time")
+    when = _when(status.get("time"))
+    if isinstance(wall, (int, float)) and isinstance(status.get("time"), (int, float)):
+        simulated = datetime.fromtimestamp(status["time"]).strftime("%Y-%m-%d %H:%M:%S")  # days ahead
+        when = f"simulated {simulated} (wall {_when(wall)})"  # the simulator's clock runs faster
+    lines = [f"tunerd — mode {status.get('mode', '?')} — {when}"]
     for trouble in status.get("state_trouble") or []:
         lines += _wrap("STATE  ", _trouble(trouble, status.get("time")))
     source = status.get("gpu_source") or {}
@@ -407,8 +440,11 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
         )
         parts = engine.get("bills") or {}
         lines.append("  memory    " + _bar(parts, WIDTH - 14, color))
-        legend = " · ".join(f"{glyph} {label} {_number(parts.get(key))}" for key, label, glyph, _ in BILLS)
-        lines.append(_fit(f"            GiB: {legend}"))
+        lines.append(
+            _fit(f"            {_legend(parts, False)}")
+            if not color
+            else f"            {_legend(parts, True)}"
+        )
         metrics = engine.get("metrics") or {}
         running, waiting = metrics.get("num_requests_running", "?"), metrics.get("num_requests_waiting", "?")
         lines.append(

@@ -77,7 +77,7 @@ def test_status_json_has_every_contract_field_and_the_human_view_fits(tmp_path: 
         assert json.loads(state.stdout)["actions"][0]["kind"] == "restart"  # the first start
         assert engine["last_actions"][0]["kind"] == "restart"
         bills = engine["bills"]
-        assert set(bills) == {"weights", "kv_pool", "engine_other", "other_processes", "free"}
+        assert set(bills) == {"weights", "kv_pool", "engine_other", "other_processes", "free", "total"}
         assert all(isinstance(value, int) for value in bills.values()), bills
         # the simulator's figures: AWQ 8B weights ~5.4 GiB, the pool what 0.92 leaves; Xorg is the other
         assert 4 << 30 < bills["weights"] < 7 << 30

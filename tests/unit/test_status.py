@@ -205,7 +205,7 @@ def test_the_json_keeps_its_fields_and_adds_the_state_trouble() -> None:
     assert engine["stuck"] is None
     document = status_document(mode=Mode.ACT, now=1.0, gpus=(), engines=[engine])
     assert document["state_trouble"] == []
-    assert set(document) == {"mode", "time", "gpus", "engines", "state_trouble", "gpu_source"}
+    assert set(document) == {"mode", "time", "wall_time", "gpus", "engines", "state_trouble", "gpu_source"}
 
 
 def test_the_measured_box_is_on_the_screen() -> None:
@@ -225,3 +225,31 @@ def test_the_measured_box_is_on_the_screen() -> None:
     assert "last pool prediction -0.1% · fit utilization 0.948" in shown
     assert max(len(line) for line in lines) <= WIDTH
     assert "measured" not in render(STATUS)
+
+
+def test_the_legend_keys_each_colour_and_an_unknown_bill_is_not_stretched_over() -> None:
+    """Issue 21: solid coloured blocks had no key; with the engine's other memory and the
+    neighbours unknown, weights and pool filled the whole bar."""
+    painted = render(STATUS, color=True)
+    legend = next(line for line in painted.splitlines() if "GiB: " in line)
+    assert "\033[34m█\033[0m weights 5.0" in legend  # the bar's colour, then its name
+    assert "\033[32m█\033[0m KV pool 14.0" in legend
+    engine = dict(STATUS["engines"][0])  # type: ignore[index]
+    engine["bills"] = {"weights": 5 * GIB, "kv_pool": 14 * GIB, "engine_other": None, "other_processes": None,
+                       "free": 2 * GIB, "total": 24 * GIB}  # fmt: skip
+    lines = render({**STATUS, "engines": [engine]}).splitlines()
+    cells = next(line for line in lines if line.startswith("  memory    [")).removeprefix("  memory    [")[
+        :-1
+    ]
+    assert cells.count("W") == round(5 / 24 * len(cells))  # of the card, not of what is known
+    assert cells.count("?") == len(cells) - cells.count("W") - cells.count("K") - cells.count(".")
+    assert cells.count("?") >= round(3 / 24 * len(cells)) - 2  # the 3 GiB nobody accounted for
+    assert "? not known" in next(line for line in lines if "GiB: " in line)
+
+
+def test_simulated_time_is_said_beside_the_wall_clock() -> None:
+    first = render({**STATUS, "wall_time": 1795900000.0}).splitlines()[0]
+    assert re.match(
+        r"tunerd — mode act — simulated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(wall \d\d:\d\d:\d\d\)$", first
+    )
+    assert "simulated" not in render(STATUS).splitlines()[0]
