@@ -222,6 +222,19 @@ class Config(_Strict):
     listen: dict[str, str] = Field(default_factory=dict)
     source_file: str = ""
 
+    def metrics_link(self, host: str) -> str | None:
+        """tunerd's ``/metrics`` page as another machine reaches it (an alert's link), or None
+        when it listens on this machine only (loopback) or not at all."""
+        address = self.listen.get("metrics")
+        if not address:
+            return None
+        bind, _, port = address.rpartition(":")
+        bind = bind.strip("[]")
+        if bind in ("127.0.0.1", "::1", "localhost") or bind.startswith("127.") or port in ("", "0"):
+            return None
+        where = host if bind in ("0.0.0.0", "::", "") else bind
+        return f"http://{'[' + where + ']' if ':' in where else where}:{port}/metrics"
+
     def status_socket(self) -> Path:
         """Where the status API listens: ``listen.status``; else ``/run/tunerd/tunerd.sock``
         when that folder exists (systemd's ``RuntimeDirectory=`` makes it); else

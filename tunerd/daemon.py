@@ -1388,6 +1388,8 @@ class Daemon:
         texts = self.recorder.postmortem_for(alert.engine, alert.time) if not alert.test else None
         if texts is not None and alert.status == "firing" and alert.postmortem is None:
             alert = replace(alert, postmortem=texts)  # a crash's alerts quote its incident
+        if alert.link is None:
+            alert = replace(alert, link=self.config.metrics_link(self.host))
         sent = self.dispatcher.submit(alert, outgoing.sinks) if self.dispatcher is not None else []
         where = (
             f"sent to {', '.join(sent)}"

@@ -80,3 +80,41 @@ def test_all_accepted_is_exit_0_and_no_sinks_is_a_usage_error(tmp_path: Path) ->
     )
     assert missing.returncode == 2
     assert "notify[0].url_env: TUNERD_NO_URL is not set in tunerd's environment" in missing.stderr
+
+
+def test_a_test_alert_looks_like_a_test_and_names_the_configured_engines(tmp_path: Path) -> None:
+    """Issue 21: labelled a test for Alertmanager (and in the chat title), about the engines the
+    config names (not a made-up one), resolved at once where an alert stays open, and with a
+    generatorURL when tunerd's /metrics is reachable from elsewhere."""
+    with receiver("alertmanager") as manager, receiver("slack") as chat:
+        config = tmp_path / "tunerd.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "engines": [
+                        {"name": "qwen-a", "command": ["vllm", "serve", "a"]},
+                        {"name": "qwen-b", "command": ["vllm", "serve", "b"], "url": "http://127.0.0.1:8001"},
+                    ],
+                    "policies": [],
+                    "notify": [
+                        {"name": "am", "kind": "alertmanager", "url": manager.url.rsplit("/hook", 1)[0]},
+                        {"name": "chat", "kind": "slack", "url": chat.url},
+                    ],
+                    "listen": {"metrics": "0.0.0.0:9464"},
+                    "state_dir": str(tmp_path / "state"),
+                }
+            )
+        )
+        done = run_tunerd("notify", "test", "--config", str(config))
+        posts = manager.wait_for(2)
+    assert done.returncode == 0, done.stdout + done.stderr
+    firing, resolved = (post.json()[0] for post in posts)
+    assert firing["labels"]["test"] == "true"
+    assert firing["labels"]["engine"] == "qwen-a"
+    assert "engines: qwen-a, qwen-b" in firing["annotations"]["summary"]
+    assert firing["generatorURL"].endswith(":9464/metrics")
+    assert resolved["labels"] == firing["labels"]
+    assert resolved["endsAt"] < firing["endsAt"]  # closed now, not held open for minutes
+    [message] = chat.got
+    assert "[test alert]" in message.json()["text"]
+    assert "llama31-8b" not in message.json()["text"]

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import socket
+from collections.abc import Sequence
 
 from tunerd.clock import SYSTEM_CLOCK
 from tunerd.commands import summary
@@ -66,23 +67,33 @@ exit status: 0 every sink accepted it, 1 one did not, 2 a bad config.
     )
 
 
-def sample_alert(now: float, host: str) -> Alert:
-    """What a real tune alert looks like, marked as a test."""
+def sample_alert(now: float, host: str, engines: Sequence[str], link: str | None = None) -> Alert:
+    """What a real tune alert looks like, marked as a test, about the first configured engine
+    and naming them all."""
+    engine = engines[0] if engines else "?"
     return Alert(
         severity="warning",
         status="firing",
-        title="kv-pool-saturated on llama31-8b",
-        summary="This is a test from `tunerd notify test`: nothing happened to any engine.",
-        engine="llama31-8b",
+        title=f"kv-pool-saturated on {engine}",
+        summary=(
+            f"This is a test from `tunerd notify test` on {host} (engines: {', '.join(engines) or 'none'}): "
+            "nothing happened to any engine."
+        ),
+        engine=engine,
         host=host,
         time=now,
         policy="kv-pool-saturated",
-        fingerprint=fingerprint("llama31-8b", "notify-test"),
+        fingerprint=fingerprint(engine, "notify-test"),
         evidence={"signals": {"kv_cache_usage": 0.97, "num_requests_waiting": 3.0}},
         action=Action("tune", {"max_num_seqs": 16}, {"max_num_seqs": 12}, "proposed"),
-        undo="tunerd rollback llama31-8b",
+        undo=f"tunerd rollback {engine}",
         test=True,
+        link=link,
     )
+
+
+#: sinks that keep an alert open until told otherwise: a test is resolved there at once
+RESOLVED_AT_ONCE = frozenset({"alertmanager"})
 
 
 def _test(args: argparse.Namespace) -> int:
@@ -90,11 +101,17 @@ def _test(args: argparse.Namespace) -> int:
     targets = notify_targets(config, os.environ)
     if not targets:
         raise UsageError(f"{args.config}: no notify sinks configured (see docs/notify.md)")
-    alert = sample_alert(SYSTEM_CLOCK.now(), socket.gethostname())
+    host = socket.gethostname()
+    alert = sample_alert(
+        SYSTEM_CLOCK.now(), host, [engine.name for engine in config.engines], config.metrics_link(host)
+    )
     accepted = 0
     sinks = []
     for target in targets:
         outcome = send(target, [alert], SYSTEM_CLOCK.now(), args.timeout)
+        if outcome.ok and target.kind in RESOLVED_AT_ONCE:  # not left open for minutes
+            now = SYSTEM_CLOCK.now()
+            send(target, [alert.resolved(now, "the test is over")], now, args.timeout)
         verdict = {"ok": "accepted", "retry": "not accepted (try again later)", "permanent": "refused"}[
             outcome.kind
         ]

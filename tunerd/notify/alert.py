@@ -74,6 +74,9 @@ class Alert:
     since: float | None = None  # a resolve: when the condition began firing
     #: the incident's short post-mortem by language ("en", "zh"), with the command to see it all
     postmortem: Mapping[str, str] | None = None
+    #: where a person can look at what raised it (tunerd's /metrics page, when it listens beyond
+    #: this machine): Alertmanager's ``generatorURL``
+    link: str | None = None
 
     def resolved(self, time: float, summary: str) -> Alert:
         return replace(self, status="resolved", time=time, summary=summary, count=1, since=self.time)
@@ -104,6 +107,7 @@ class Alert:
             "test": self.test,
             "since": None if self.since is None else iso(self.since),
             "postmortem": None if self.postmortem is None else dict(self.postmortem),
+            "link": self.link,
         }
 
 
