@@ -38,6 +38,7 @@ that leaves mid-stream stops the engine's generation.
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import json
 import re
 import subprocess
@@ -276,25 +277,28 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
                     usage = chunk.get("usage") or usage
             return content, usage
 
-        # they came as generated, not at the end in one piece. On the 2-core box the streams
-        # through the gate came in one burst (all 300 within ~1 ms, every try of a clean-clone
-        # run); whether the engine sent them so is told only by its own stream of the same
-        # request, so the gate is judged against that: what the engine spreads, the gate must not
-        # squash. A burst is tried again; a gate that buffered would squash every try.
+        # they came as generated, not at the end in one piece. Whether the engine sent them so
+        # is told only by its own stream of the same request at the same moment: one straight
+        # from the engine and one through the gate, side by side (one batch of the engine's).
+        # Taken one after the other they were not comparable: the CI's engine was still
+        # finishing the story's load, the direct stream spread 1.05 → 0.57 s over three tries
+        # while the gated one, a moment later, came in ~1 ms. What the engine spreads, the gate
+        # must not squash; a try where the engine itself bursts is tried again.
         spreads: list[tuple[float, float]] = []  # (straight from the engine, through the gate)
-        while len(spreads) < 3 and (not spreads or not spreads[-1][1] > 0.3):
-            direct, _ = stream(story.url)
-            content, usage = stream(story.gate_url)
+        while len(spreads) < 3 and (not spreads or not spreads[-1][0] > 0.3):
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                direct_run, gated_run = pool.submit(stream, story.url), pool.submit(stream, story.gate_url)
+                (direct, _), (content, usage) = direct_run.result(), gated_run.result()
             assert usage["completion_tokens"] == 300
             assert len(content) >= 250  # a chunk a token (a few tokens decode to no text)
             spreads.append((direct[-1] - direct[0], content[-1] - content[0]))
         engine_spread, gate_spread = spreads[-1]
-        if gate_spread <= 0.3 and engine_spread <= 0.3:  # said in the summary; the counts go on
+        if engine_spread <= 0.3:  # said in the summary; the counts go on
             warnings.warn(
                 f"the engine itself sent each stream in one burst ({spreads} s): not judged", stacklevel=1
             )
         else:
-            assert gate_spread > 0.3, (
+            assert gate_spread > 0.5 * engine_spread, (
                 f"the gate squashed the engine's stream: (engine, gate) spreads {spreads} s"
             )
         assert compared() == before + len(spreads)  # each was counted exactly and compared
