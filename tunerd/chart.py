@@ -24,7 +24,7 @@ import datetime as dt
 import html
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -58,6 +58,21 @@ MARK_COLOURS = {
     "ratchet": "#f9a825",
     "alert": "#757575",
     "serving": "#2e7d32",
+}
+#: the chart's own words, by language (the panels' titles and names are the caller's)
+WORDS = {
+    "en": {
+        "utc": "time (UTC)",
+        "elapsed": "time since the start (h:mm:ss or m:ss)",
+        "mark": "{kind} (mark)",
+        "strip": " (0 to {low} squeezed into the bottom strip)",
+    },
+    "zh": {
+        "utc": "时间（UTC）",
+        "elapsed": "开始后的时间（h:mm:ss 或 m:ss）",
+        "mark": "{kind}（标记）",
+        "strip": "（0 到 {low} 压缩在底部窄条中）",
+    },
 }
 #: drawn in this order, so the later ones lie on top (a crash over the tune that answered it)
 _MARK_ORDER = ("serving", "alert", "ratchet", "gate", "shed", "hold", "tune", "restart", "rollback", "crash")
@@ -246,10 +261,17 @@ def _present_runs(values: Sequence[float | None], runs: Sequence[tuple[int, int]
 
 # -- drawing ------------------------------------------------------------------------------------
 def svg(
-    panels: Sequence[Panel], marks: Sequence[Mark] = (), *, clock: Clock = "utc", width: int = 960
+    panels: Sequence[Panel],
+    marks: Sequence[Mark] = (),
+    *,
+    clock: Clock = "utc",
+    width: int = 960,
+    language: str = "en",
 ) -> str:
-    """The panels stacked one above the other on one time axis, the marks across them all.
-    A value that is not a finite number is not there (a gap)."""
+    """The panels stacked one above the other on one time axis, the marks across them all,
+    the chart's own words in ``language`` (en, zh). A value that is not a finite number is not
+    there (a gap)."""
+    words = WORDS.get(language, WORDS["en"])
     panels = [_finite(panel) for panel in panels]
     marks = [mark for mark in marks if math.isfinite(mark.time)]
     left, right = 76, 24
@@ -280,7 +302,7 @@ def svg(
     y0 = top
     plots: list[tuple[float, float]] = []
     for number, panel in enumerate(panels):
-        parts.append(_panel(panel, number, x, left=left, plot_w=plot_w, y0=y0))
+        parts.append(_panel(panel, number, x, left=left, plot_w=plot_w, y0=y0, words=words))
         plots.append((y0, y0 + panel.height))
         y0 += panel.height + 34
     bottom = plots[-1][1] if plots else top
@@ -295,13 +317,13 @@ def svg(
         )
     axis.append("</g>")
     parts += axis
-    what = "time (UTC)" if clock == "utc" else "time since the start (h:mm:ss or m:ss)"
+    what = words[clock]
     parts.append(
         f'<text x="{left + plot_w / 2:.1f}" y="{bottom + 33:.1f}" text-anchor="middle" fill="#444">'
         f"{what}</text>"
     )
     parts.append(_marks(ordered, label_of, spots, bottom, width - 4))
-    legend, legend_h = _legend(panels, ordered, left, bottom + 46, plot_w)
+    legend, legend_h = _legend(panels, ordered, left=left, top=bottom + 46, width=plot_w, words=words)
     parts.append(legend)
     height = round(bottom + 46 + legend_h + 8)
     head = (
@@ -312,7 +334,14 @@ def svg(
 
 
 def _panel(
-    panel: Panel, number: int, xf: Callable[[float], float], *, left: float, plot_w: float, y0: float
+    panel: Panel,
+    number: int,
+    xf: Callable[[float], float],
+    *,
+    left: float,
+    plot_w: float,
+    y0: float,
+    words: Mapping[str, str],
 ) -> str:
     runs = _runs(panel.times)
     low, high = _fit(panel)
@@ -336,7 +365,7 @@ def _panel(
     step, ticks = value_ticks(low, high, panel.unit)
     title = panel.title
     if stub:  # the strip's ends are labelled: 0 and the floor, where the scale changes
-        title += f" (0 to {_fmt_value(low, step, panel.unit)} squeezed into the bottom strip)"
+        title += words["strip"].format(low=_fmt_value(low, step, panel.unit))
         ticks = [0.0, low, *(tick for tick in ticks if tick - low >= 0.4 * step)]
     out.append(f'<text x="{left}" y="{y0 - 5}" font-weight="bold">{html.escape(title)}</text>')
     for tick in ticks:
@@ -469,7 +498,13 @@ def _marks(
 
 
 def _legend(
-    panels: Sequence[Panel], marks: Sequence[Mark], left: float, top: float, width: float
+    panels: Sequence[Panel],
+    marks: Sequence[Mark],
+    *,
+    left: float,
+    top: float,
+    width: float,
+    words: Mapping[str, str],
 ) -> tuple[str, float]:
     items: list[tuple[str, str, str]] = []  # (shape, colour, name)
     seen: set[str] = set()
@@ -482,7 +517,7 @@ def _legend(
             seen.add(panel.ceiling[0])
             items.append(("dot", "#b71c1c", panel.ceiling[0]))
     kinds = list(dict.fromkeys(mark.kind for mark in marks))
-    items += [("mark", MARK_COLOURS.get(kind, "#000"), f"{kind} (mark)") for kind in kinds]
+    items += [("mark", MARK_COLOURS.get(kind, "#000"), words["mark"].format(kind=kind)) for kind in kinds]
     out = ['<g class="legend">']
     cx, cy = left, top
     for shape, colour, name in dict.fromkeys(items):
@@ -512,12 +547,14 @@ def _attr(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def page(title: str, intro: Sequence[str], chart: str, sections: Sequence[tuple[str, str]]) -> str:
+def page(
+    title: str, intro: Sequence[str], chart: str, sections: Sequence[tuple[str, str]], language: str = "en"
+) -> str:
     """A self-contained HTML page: a heading, lines of introduction, the chart and sections of
     preformatted text (nothing fetched, no scripts)."""
     body = [
         "<!doctype html>",
-        '<html lang="en"><head><meta charset="utf-8">',
+        f'<html lang="{_attr(language)}"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title>",
         "<style>body{font-family:sans-serif;max-width:1000px;margin:1.5em auto;color:#222}"
         "pre{background:#f5f5f5;padding:1em;overflow-x:auto;font-size:12px}"

@@ -89,27 +89,117 @@ def safe_kv_tokens(scenario: Scenario, settings: Mapping[str, Any]) -> int:
     return _price(scenario, settings, safe_utilization(gpu_profile(scenario.gpu))).pool.tokens
 
 
-def bill_table(scenario: Scenario, before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+#: the report's and the summary's words, by language (the narration's are the story's)
+WORDS: dict[str, dict[str, str]] = {
+    "en": {
+        "bill": "bill (GiB)",
+        "before": "before",
+        "after": "after",
+        "weights": "weights",
+        "pool": "KV cache pool",
+        "activations": "activations (peak)",
+        "runtime": "CUDA runtime + graphs",
+        "total": "total",
+        "free": "free of the GPU",
+        "tokens": "KV pool (tokens)",
+        "start": "start",
+        "final": "final",
+        "met": "met",
+        "not_met": "NOT MET",
+        "target": "target",
+        "memory": "GPU memory (simulated)",
+        "engine": "the engine (vLLM's processes)",
+        "others": "everything else on the GPU",
+        "budget": "the engine's budget (gpu_memory_utilization × total)",
+        "card": "the card's total",
+        "marks": "Marks",
+        "happened": "What happened",
+        "summary": "Summary",
+        "page": "tunerd demo",
+    },
+    "zh": {
+        "bill": "账单（GiB）",
+        "before": "之前",
+        "after": "之后",
+        "weights": "权重",
+        "pool": "KV 缓存池",
+        "activations": "激活（峰值）",
+        "runtime": "CUDA 运行时 + 图",
+        "total": "合计",
+        "free": "GPU 剩余",
+        "tokens": "KV 池（token）",
+        "start": "起始",
+        "final": "最终",
+        "met": "达标",
+        "not_met": "未达标",
+        "target": "目标",
+        "memory": "GPU 显存（模拟）",
+        "engine": "引擎（vLLM 的进程）",
+        "others": "GPU 上的其他占用",
+        "budget": "引擎的预算（gpu_memory_utilization × 总量）",
+        "card": "显卡总量",
+        "marks": "标记",
+        "happened": "经过",
+        "summary": "小结",
+        "page": "tunerd 演示",
+    },
+}
+#: the DESIGN-§8 checks' names in Chinese (their English names are the JSON's)
+CHECK_NAMES_ZH = {
+    "restarts to converge": "收敛所需的重启次数",
+    "OOMs after converging": "收敛后的 OOM 次数",
+    "final KV pool / planner's safe maximum": "最终 KV 池 / 规划器的安全上限",
+    "final KV pool / the box's true safe maximum": "最终 KV 池 / 机器真实的安全上限",
+}
+
+
+def words(language: str) -> dict[str, str]:
+    return WORDS.get(language, WORDS["en"])
+
+
+def bill_table(
+    scenario: Scenario, before: Mapping[str, Any], after: Mapping[str, Any], language: str = "en"
+) -> list[str]:
     """The four bills as vLLM holds them (the KV bill is the pool it allocates), before → after."""
     old, new = price(scenario, before), price(scenario, after)
+    said = words(language)
 
     def rows(priced: Priced) -> list[tuple[str, float]]:
         pool = max(priced.pool.available_bytes, 0)
         used = priced.weights.bytes + pool + priced.activation.bytes + priced.runtime.bytes
         return [
-            ("weights", priced.weights.bytes / GIB),
-            ("KV cache pool", pool / GIB),
-            ("activations (peak)", priced.activation.bytes / GIB),
-            ("CUDA runtime + graphs", priced.runtime.bytes / GIB),
-            ("total", used / GIB),
-            ("free of the GPU", (priced.gpu_bytes - used) / GIB),
+            (said["weights"], priced.weights.bytes / GIB),
+            (said["pool"], pool / GIB),
+            (said["activations"], priced.activation.bytes / GIB),
+            (said["runtime"], priced.runtime.bytes / GIB),
+            (said["total"], used / GIB),
+            (said["free"], (priced.gpu_bytes - used) / GIB),
         ]
 
-    lines = [f"  {'bill (GiB)':<24}{'before':>9}{'after':>9}"]
+    lines = [
+        f"  {_pad(said['bill'], 24)}{_pad(said['before'], 9, right=True)}{_pad(said['after'], 9, right=True)}"
+    ]
     for (name, a), (_, b) in zip(rows(old), rows(new), strict=True):
-        lines.append(f"  {name:<24}{a:>9.2f}{b:>9.2f}")
-    lines.append(f"  {'KV pool (tokens)':<24}{old.pool.tokens:>9,}{new.pool.tokens:>9,}")
+        lines.append(f"  {_pad(name, 24)}{a:>9.2f}{b:>9.2f}")
+    lines.append(f"  {_pad(said['tokens'], 24)}{old.pool.tokens:>9,}{new.pool.tokens:>9,}")
     return lines
+
+
+def check_lines(measured: Sequence[Check], language: str = "en") -> list[str]:
+    """The checks as the summary prints them."""
+    said = words(language)
+    out = []
+    for check in measured:
+        name = CHECK_NAMES_ZH.get(check.name, check.name) if language == "zh" else check.name
+        verdict = said["met"] if check.met else said["not_met"]
+        out.append(f"  {_pad(verdict, 8)}{name}: {check.value} ({said['target']} {check.target})")
+    return out
+
+
+def _pad(text: str, width: int, right: bool = False) -> str:
+    """``text`` aligned in ``width`` terminal columns (a CJK character takes two)."""
+    room = " " * max(0, width - sum(2 if ord(ch) > 0x2E7F else 1 for ch in text))
+    return room + text if right else text + room
 
 
 def checks(
@@ -153,36 +243,37 @@ def box_text(box: Mapping[str, Any] | None) -> str:
 def curve(samples: Sequence[Sample], story: Story) -> str:
     """The run's GPU memory — the engine's, everything else on the GPU, its budget, the card's
     total — with the story's marks, drawn as every tunerd chart is (:mod:`tunerd.chart`)."""
+    said = words(story.language)
     times = [s.time for s in samples]
     engine = [float(s.engine_bytes) if s.engine_bytes > 0 else None for s in samples]
     panel = chart.Panel(
-        title="GPU memory (simulated)",
+        title=said["memory"],
         unit="bytes",
         times=times,
         layers=[
-            chart.Layer("the engine (vLLM's processes)", "#5c6bc0", engine),
+            chart.Layer(said["engine"], "#5c6bc0", engine),
             chart.Layer(
-                "everything else on the GPU",
+                said["others"],
                 "#e57373",
                 [float(max(0, s.used_bytes - s.engine_bytes)) for s in samples],
             ),
         ],
         lines=[
             chart.Line(
-                "the engine's budget (gpu_memory_utilization × total)",
+                said["budget"],
                 "#1b5e20",
                 [float(s.budget_bytes) if s.budget_bytes is not None else None for s in samples],
                 dashed=True,
             )
         ],
-        ceiling=("the card's total", float(max(s.total_bytes for s in samples))) if samples else None,
+        ceiling=(said["card"], float(max(s.total_bytes for s in samples))) if samples else None,
         height=320,
         fit_rows=[value is not None for value in engine]
         if any(value is not None for value in engine)
         else None,
     )
     marks = [chart.Mark(mark.time, mark.kind, mark.label) for mark in story.marks]
-    return chart.svg([panel], marks, clock="elapsed")
+    return chart.svg([panel], marks, clock="elapsed", language=story.language)
 
 
 def render_html(
@@ -194,18 +285,20 @@ def render_html(
 ) -> str:
     """A self-contained page: the curve with its marks, the narration, the summary."""
     scenario = story.scenario
+    said = words(story.language)
     marks = [chart.Mark(mark.time, mark.kind, mark.label) for mark in story.marks]
     return chart.page(
-        f"tunerd demo · {scenario.name}",
+        f"{said['page']} · {scenario.name}",
         [
             scenario.title.get(story.language, scenario.title["en"]),
             verdict,
-            f"Start: {settings_text(scenario.settings)}",
+            f"{said['start']}: {settings_text(scenario.settings)}",
         ],
         curve(samples, story) if samples else "<p>(no GPU readings)</p>",
         [
-            ("Marks", chart.mark_list(marks, clock="elapsed")),
-            ("What happened", "\n".join(narration)),
-            ("Summary", "\n".join(summary)),
+            (said["marks"], chart.mark_list(marks, clock="elapsed")),
+            (said["happened"], "\n".join(narration)),
+            (said["summary"], "\n".join(summary)),
         ],
+        language=story.language,
     )

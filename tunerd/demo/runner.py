@@ -25,7 +25,17 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from tunerd.demo.report import Check, Sample, bill_table, box_text, checks, render_html, safe_kv_tokens
+from tunerd.demo.report import (
+    Check,
+    Sample,
+    bill_table,
+    box_text,
+    check_lines,
+    checks,
+    render_html,
+    safe_kv_tokens,
+)
+from tunerd.demo.report import words as report_words
 from tunerd.demo.scenarios import Scenario
 from tunerd.demo.story import Story, Verdict, clock_text, settings_text
 from tunerd.planner.gpus import gpu_profile
@@ -427,18 +437,16 @@ def run_demo(options: DemoOptions, tell: Callable[[str], None] | None = None) ->
     summary: list[str] = []
     measured: list[Check] = []
     if final is not None:
-        summary.append(f"start: {settings_text(scenario.settings)}")
-        summary.append(f"final: {settings_text(final)}")
+        said = report_words(options.language)
+        summary.append(f"{said['start']}: {settings_text(scenario.settings)}")
+        summary.append(f"{said['final']}: {settings_text(final)}")
         if options.box_seed is None:
-            summary.extend(bill_table(scenario, scenario.settings, final))
+            summary.extend(bill_table(scenario, scenario.settings, final, options.language))
         else:
             summary.append(f"box {options.box_seed}: {box_text((truth or {}).get('box'))}")
         if scenario.expect == "converged":
             measured = checks(story, final, kv, true_safe if options.box_seed is not None else None)
-            summary.extend(
-                f"  {'met' if c.met else 'NOT MET':<8}{c.name}: {c.value} (target {c.target})"
-                for c in measured
-            )
+            summary.extend(check_lines(measured, options.language))
     ok = verdict.ok and all(check.met for check in measured)
     return DemoResult(
         scenario=scenario.name,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunerd.demo.report import Sample, bill_table, checks, render_html, safe_kv_tokens
+from tunerd.demo.report import Sample, bill_table, check_lines, checks, render_html, safe_kv_tokens
 from tunerd.demo.scenarios import SCENARIOS, scenario
 from tunerd.demo.story import Story
 from tunerd.units import GIB
@@ -73,3 +73,24 @@ def test_the_report_is_one_page_with_the_curve_and_the_marks() -> None:
     )  # the marks listed as the chart numbers them (1 serving)
     assert "&lt;b&gt;OOM&lt;/b&gt;" in page  # narration is escaped
     assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # nothing fetched
+
+
+def test_the_chinese_report_and_summary_are_chinese_too() -> None:
+    """Issue 21: the narration was Chinese, its tables, headings and chart legend English."""
+    story = Story(scenario("seed"), "zh")
+    story.on_crash("cuda_oom", 100.0)
+    samples = [
+        Sample(t, int(22 * GIB), int(21 * GIB), int(24 * GIB), int(22.8 * GIB)) for t in range(0, 200, 10)
+    ]
+    page = render_html(story, samples, ["[0:01:40] 引擎退出"], ["小结"], "已稳定")
+    for words in ('<html lang="zh">', "<h2>标记</h2>", "<h2>经过</h2>", "<h2>小结</h2>", "引擎（vLLM 的进程）",
+                  "显卡总量", "开始后的时间", "（标记）", "tunerd 演示 · seed"):  # fmt: skip
+        assert words in page, words
+    table = bill_table(scenario("seed"), SEED, TUNED, "zh")
+    assert table[0].split() == ["账单（GiB）", "之前", "之后"]
+    assert table[1].startswith("  权重")
+    columns = [sum(2 if ord(ch) > 0x2E7F else 1 for ch in line) for line in table]  # a CJK character: two
+    english = bill_table(scenario("seed"), SEED, TUNED)
+    assert columns == [len(line) for line in english]  # the numbers line up as in English
+    measured = checks(story, TUNED, 127_664)
+    assert check_lines(measured, "zh")[0].startswith("  达标    收敛所需的重启次数: ")
