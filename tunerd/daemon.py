@@ -178,6 +178,7 @@ class Daemon:
             lambda: self.engines,
             self.clock.now,
             lambda: self.config.metrics.interval * self._clock_rate(),
+            retention_s=RETENTION_S,
             nudge=lambda: (
                 self.jobs.run_soon("recordings") if self.jobs and self.jobs.has("recordings") else None
             ),

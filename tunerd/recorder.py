@@ -416,8 +416,11 @@ class LiveRecordings:
         now: Callable[[], float],
         interval_s: Callable[[], float],
         nudge: Callable[[], None],
+        *,
+        retention_s: float = math.inf,
     ) -> None:
         self.store = store
+        self._retention = retention_s  # what the store keeps of each signal
         self._engines = engines
         self._now = now
         self._interval = interval_s
@@ -469,7 +472,8 @@ class LiveRecordings:
             "engine": loop.name,
             "now": now,
             "oldest": ticks[0] if ticks else None,
-            "capacity_s": loop.tape.capacity * self._interval(),
+            # what a recording can span: the ticks the tape keeps, the samples the store keeps
+            "capacity_s": min(loop.tape.capacity * self._interval(), self._retention),
         }
         if ask.until == -math.inf:  # a probe
             return 200, held

@@ -74,6 +74,11 @@ GATE_SIGNALS = (
 SIGNALS = frozenset(GPU_SIGNALS + ENGINE_MEMORY_SIGNALS + ENGINE_METRIC_SIGNALS + GATE_SIGNALS)
 
 
+#: the gate's refusals that shed load (429: its queue full); a malformed or too large request
+#: (400) is the client's doing, not load shed
+SHED_REJECTIONS = frozenset({"rejected/queue_full", "rejected/queue_tokens"})
+
+
 def gate_signals(snapshot: Mapping[str, Any]) -> dict[str, float | None]:
     """The gate's signals from its status of one engine (``GET /gate/status``'s entry)."""
 
@@ -90,10 +95,7 @@ def gate_signals(snapshot: Mapping[str, Any]) -> dict[str, float | None]:
                 for key, count in decisions.items()
                 if isinstance(key, str)
                 and isinstance(count, (int, float))
-                and (
-                    key.startswith("timed_out/")
-                    or (key.startswith("rejected/") and key != "rejected/too_large")
-                )
+                and (key.startswith("timed_out/") or key in SHED_REJECTIONS)
             )
         )
     return {

@@ -61,6 +61,11 @@ class Extremes(NamedTuple):
 _NOTHING = Extremes(False, 0, None, None, None)
 
 
+#: the window lengths a series keeps sliding extremes for (the detectors ask two or three; one
+#: that asks a new length each tick — the ratchet's prompt-flow window — must not pile them up)
+SLIDING_KEPT = 8
+
+
 class _Sliding:
     """The least and most of one series' present readings over a window that moves forward
     (monotonic deques of absolute sample numbers): each sample is looked at once however many
@@ -214,6 +219,8 @@ class Series:
             or sliding.next < first
         ):
             sliding = self._sliding[seconds] = _Sliding(generation, first)
+            while len(self._sliding) > SLIDING_KEPT:  # a caller whose window length varies
+                del self._sliding[next(iter(self._sliding))]
         sliding.start = first
         for number in range(sliding.next, end):
             value = self._values[number % self.capacity]

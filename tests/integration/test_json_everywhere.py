@@ -57,6 +57,14 @@ def test_config_check_and_policy_check_and_test(tmp_path: Path) -> None:
         "    series: {kv_cache_usage: '0.3x20'}\n"
         "    expect:\n      - {at: 5m, restart: true}\n"
     )
+    good = tmp_path / "good_test.yaml"
+    good.write_text(
+        f"policies: [{SHIPPED}]\ninterval: 30s\ntests:\n  - name: quiet\n"
+        "    series: {kv_cache_usage: '0.3x20'}\n    expect_no_actions: true\n"
+    )
+    mixed = run_tunerd("policy", "test", str(good), str(broken))  # a bad file after a good one
+    assert mixed.returncode == 2
+    assert f"PASS {good}: quiet" in mixed.stdout  # what the good file said is not lost
     ran = _json("policy", "test", str(tests), "--json", code=1)
     assert ran["ok"] is False
     assert [(t["name"], t["passed"]) for t in ran["tests"]] == [  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from tunerd import detect
+from tunerd.signals import gate_signals
 from tunerd.store import Store
 
 
@@ -72,3 +73,30 @@ def test_counter_rate_and_the_detectors_read_it() -> None:
     found = detect.neighbour_growth(store, "e", 103.0)
     assert found.active is True
     assert found.evidence["grown_bytes"] == 700 * 2**20
+
+
+def test_a_window_length_asked_anew_each_tick_does_not_pile_up() -> None:
+    """Found in review: the ratchet's prompt-flow window is a new length each tick; each kept
+    its own sliding window for ever."""
+    store = Store()
+    for i in range(200):
+        store.record("prompt_tokens_total", "e", float(i), float(i))
+        store.extremes("prompt_tokens_total", "e", float(i), 30.0 + i * 0.37)
+    series = store.series("prompt_tokens_total", "e")
+    assert len(series._sliding) <= 8
+
+
+def test_the_gates_shed_count_is_load_refused_not_bad_requests() -> None:
+    found = gate_signals(
+        {
+            "decisions": {
+                "rejected/queue_full": 3,
+                "rejected/queue_tokens": 1,
+                "timed_out/max_wait": 2,
+                "rejected/too_large": 5,
+                "rejected/malformed": 7,  # a client's bad JSON: a 400, not load shed
+                "admitted/short": 40,
+            }
+        }
+    )
+    assert found["gate_shed_total"] == 6.0

@@ -20,7 +20,15 @@ from typing import Any
 from urllib.parse import quote
 
 from tunerd.commands import summary
-from tunerd.commands.common import EXIT_BAD_INPUT, EXIT_OK, Parser, UsageError, examples, positive_int
+from tunerd.commands.common import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    NoDaemon,
+    Parser,
+    UsageError,
+    examples,
+    positive_int,
+)
 from tunerd.commands.history import add_state_arguments, state_dir_of
 from tunerd.commands.status import add_socket_argument, ask, socket_of
 from tunerd.incident import html_page, postmortem, render, unpack
@@ -50,8 +58,9 @@ examples:
   tunerd record main --for 1h main.jsonl     the next hour, from the running daemon
   tunerd record main --last 10m now.jsonl    the ten minutes just past
 
-A recording from the daemon is written again at each poll (every few seconds), so an
-interrupted one keeps what it had. Replay it with tunerd replay FILE --policies P.yaml.
+A recording from the daemon is written again at each poll (every 5 to 60 s), so an
+interrupted one keeps what it had; a daemon busy for a while (a restart step) is asked
+again. Replay it with tunerd replay FILE --policies P.yaml.
 
 exit status: 0 written, 1 no such incident or nothing recorded, 2 bad usage, 3 no tunerd
 answered, 130 interrupted (the file holds what was recorded).
@@ -150,7 +159,8 @@ exit status: 0 shown, 1 no such incident, 2 bad usage or no state.
         "--last",
         nargs="+",
         metavar=("D", "FILE"),
-        help="ENGINE --last D FILE: the last D the running daemon holds (an hour at 4 Hz)",
+        help="ENGINE --last D FILE: the last D the running daemon holds (up to 6 h; less with a "
+        "metrics interval under 1.5 s)",
     )
     record.add_argument(
         "paths", nargs="*", metavar="[ENGINE] FILE", help="where to write it (JSON lines; - for stdout)"
@@ -284,7 +294,9 @@ def _record(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-LIVE_POLL_S = 5.0  # a live recording asks the daemon this often (real seconds) and rewrites its file
+LIVE_POLL_S = 5.0  # a live recording asks the daemon at least this often (real seconds), rewriting its file
+LIVE_POLL_MAX_S = 60.0  # … and at most this seldom: a long one is cut less often (the daemon's loop cuts it)
+LIVE_TRIES = 6  # polls in a row the daemon may miss (a restart step holding its loop) before giving up
 LIVE_MAX_BYTES = 256 << 20  # an hour at 4 Hz is some tens of MiB of JSON
 
 
@@ -301,16 +313,30 @@ def _record_live(args: argparse.Namespace, *, engine: str, file: str, span: floa
         )
     now = float(held["now"])
     start, end = (now, now + span) if ahead else (now - span, now)
+    pace = min(LIVE_POLL_MAX_S, max(LIVE_POLL_S, span / 60))  # ~60 cuts however long, never spinning
     lines: list[dict[str, Any]] = []
+    found: dict[str, Any] = held
+    missed = 0
     try:
         while True:
-            found = ask(
-                path,
-                f"/recording?engine={quoted}&since={start!r}&until={end!r}",
-                60.0,
-                LIVE_MAX_BYTES,
-                what="a recording",
-            )
+            try:
+                found = ask(
+                    path,
+                    f"/recording?engine={quoted}&since={start!r}&until={end!r}",
+                    60.0,
+                    LIVE_MAX_BYTES,
+                    what="a recording",
+                )
+            except NoDaemon as error:
+                missed += 1
+                if not ahead or missed >= LIVE_TRIES:
+                    if lines and file == "-":
+                        _write(file, lines)
+                    raise NoDaemon(f"{error}; {file} holds what was recorded before") from None
+                print(f"recording {engine}: {error}; trying again", file=sys.stderr)
+                time.sleep(pace)
+                continue
+            missed = 0
             lines = list(found.get("lines") or [])
             ticks = sum(1 for line in lines if line.get("tick"))
             if lines and file != "-":
@@ -324,8 +350,10 @@ def _record_live(args: argparse.Namespace, *, engine: str, file: str, span: floa
                 )
             if done or not ahead:
                 break
-            time.sleep(LIVE_POLL_S)
+            time.sleep(pace)
     except KeyboardInterrupt:
+        if lines and file == "-":
+            _write(file, lines)  # to stdout only now: what was recorded so far
         print(f"{args.prog}: stopped; {file} holds what was recorded so far", file=sys.stderr)
         return 130
     if not lines:

@@ -118,6 +118,7 @@ def _test(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps({"ok": False, "tests": tests, "problems": problems}, indent=2))
             else:
+                _print_tests(tests)  # what the files before it said
                 for problem in problems:
                     print(problem, file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -136,6 +137,11 @@ def _test(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"ok": status == EXIT_OK, "tests": tests, "problems": []}, indent=2))
         return status
+    _print_tests(tests)
+    return status
+
+
+def _print_tests(tests: list[dict[str, Any]]) -> None:
     for test in tests:
         if test["passed"]:
             print(f"PASS {test['file']}: {test['name']}")
@@ -146,4 +152,3 @@ def _test(args: argparse.Namespace) -> int:
         print("  what happened:")
         for line in test["happened"]:
             print(f"    {line}")
-    return status

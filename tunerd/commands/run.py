@@ -93,13 +93,21 @@ def _run(args: argparse.Namespace) -> int:
         engines=[engine.name for engine in config.engines],
         state_dir=str(config.state_dir),
     )
+    broke: BaseException | None = None
     try:
         daemon.start()
         daemon.run(stop, ticks=args.ticks)
+    except BaseException as error:
+        broke = error
+        raise
     finally:
         daemon.close()
         # ticks kept failing (said in the log): exit 1, so that systemd's Restart=on-failure
         # starts a clean tunerd, which reconciles the engines with the state
-        why = daemon.failure or ("asked to stop" if stop.is_set() else "its ticks were done")
-        logs.say("tunerd_stopped", **said, reason=why, exit_code=EXIT_NO if daemon.failure else EXIT_OK)
+        if broke is not None:
+            why, code = f"{type(broke).__name__}: {broke}", EXIT_NO
+        else:
+            why = daemon.failure or ("asked to stop" if stop.is_set() else "its ticks were done")
+            code = EXIT_NO if daemon.failure else EXIT_OK
+        logs.say("tunerd_stopped", **said, reason=why, exit_code=code)
     return EXIT_NO if daemon.failure else EXIT_OK

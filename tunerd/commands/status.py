@@ -98,7 +98,9 @@ def ask(path: Path, resource: str, timeout: float, max_bytes: int, what: str) ->
         )
     except DeadlineExceeded:
         raise NoDaemon(f"tunerd did not answer on {path} within {timeout:g} s") from None
-    except (httpx.HTTPError, ResponseTooLarge) as error:
+    except ResponseTooLarge:
+        raise UsageError(f"tunerd's answer on {path} is over {max_bytes:,} bytes: ask for less") from None
+    except httpx.HTTPError as error:
         raise NoDaemon(f"tunerd did not answer on {path}: {type(error).__name__}: {error}") from None
     text = reply.body.decode("utf-8", "replace")
     try:
