@@ -3,7 +3,7 @@
 A collector over what the daemon published at its last tick (:class:`MetricsView`): it never
 reads the daemon's state itself, so a scrape needs no lock and cannot slow the loop. Its own
 registry (no process or platform collectors from the global one, single-process:
-``PROMETHEUS_MULTIPROC_DIR`` is ignored). Names are DESIGN §4.7's signals with ``tunerd_``
+``PROMETHEUS_MULTIPROC_DIR`` is ignored). Names are the signals of docs/signals.md with ``tunerd_``
 in front, plus:
 
 - ``tunerd_memory_bytes{engine, bill}``: the bills of ``tunerd status`` (weights, kv_pool,
@@ -36,7 +36,7 @@ __all__ = ["Exporter", "MetricsView", "TunerdCollector"]
 
 ENGINE_STATES = ("starting", "running", "draining", "restarting", "stopped", "crashed", "held", "pinned")
 POLICY_STATES = ("inactive", "pending", "firing", "cooldown")
-_COUNTERS = {"num_preemptions_total", "prompt_tokens_total", "generation_tokens_total"}
+_COUNTERS = {"num_preemptions_total", "prompt_tokens_total", "generation_tokens_total", "gate_shed_total"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class TunerdCollector(Collector):
             family_type = CounterMetricFamily if signal in _COUNTERS else GaugeMetricFamily
             name = f"tunerd_{signal.removesuffix('_total')}" if signal in _COUNTERS else f"tunerd_{signal}"
             family = family_type(
-                name, f"DESIGN §4.7 signal {signal}, as tunerd last read it", labels=["engine"]
+                name, f"signal {signal} (docs/signals.md), as tunerd last read it", labels=["engine"]
             )
             for engine, value in values:
                 family.add_metric([engine], value)

@@ -4,9 +4,13 @@ and the shipped Grafana dashboard asks only for metrics the exporter serves."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -121,5 +125,53 @@ def _gate_samples() -> set[str]:
     gate.admission.counts[("admitted", "short")] += 1
     for histogram in (gate.wait_seconds, gate.added_seconds, gate.count_error):
         histogram.labels("main").observe(0.001)
-    page = generate_latest(gate.registry()).decode()
+    page = _gate_page(gate)
     return {sample.name for family in text_string_to_metric_families(page) for sample in family.samples}
+
+
+def _gate_page(gate: EngineGate | None = None) -> str:
+    if gate is None:
+        gate = EngineGate("main", "http://127.0.0.1:1", GateConfig(listen="127.0.0.1:8001"))
+        gate.admission.pool = Pool(num_blocks=4096, block_size=16, max_model_len=32768)
+    return generate_latest(gate.registry()).decode()
+
+
+def _promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        if os.environ.get("TUNERD_REQUIRE_PROMTOOL"):
+            pytest.fail(
+                "no promtool on PATH, and TUNERD_REQUIRE_PROMTOOL is set (apt-get install prometheus)"
+            )
+        pytest.skip("no promtool on PATH (apt-get install prometheus)")
+    return found
+
+
+def test_the_shipped_alerting_rules_are_the_documented_ones_and_promtool_passes_them() -> None:
+    """Issue 21: the rules of docs/fleet.md as a file, checked by Prometheus's own tool."""
+    shipped = ROOT / "contrib" / "prometheus" / "tunerd-rules.yml"
+    documented = (ROOT / "docs" / "fleet.md").read_text()
+    assert shipped.read_text() in documented  # the file is the doc's block, whole
+    done = subprocess.run(
+        [_promtool(), "check", "rules", str(shipped)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 6 rules found" in done.stdout + done.stderr
+
+
+def test_promtool_finds_nothing_wrong_with_tunerds_own_page() -> None:
+    pages = [
+        generate_latest(Exporter("127.0.0.1:0", lambda: VIEW).registry).decode(),
+        _gate_page(),
+    ]
+    for page in pages:
+        done = subprocess.run(
+            [_promtool(), "check", "metrics"],
+            input=page,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert not (done.stdout + done.stderr).strip(), done.stdout + done.stderr  # no lint either
