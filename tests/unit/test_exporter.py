@@ -115,6 +115,15 @@ def test_the_dashboard_asks_only_for_served_metrics() -> None:
     assert asked
     assert asked <= served, asked - served
     assert all(panel["datasource"]["uid"] == "${DS_PROMETHEUS}" for panel in dashboard["panels"])
+    # a fleet's dashboard (issue 21): pick instances and engines, several at once
+    variables = {item["name"]: item for item in dashboard["templating"]["list"]}
+    assert set(variables) == {"instance", "engine"}
+    assert all(item["multi"] and item["includeAll"] for item in variables.values())
+    for query in queries[:-1]:  # every panel and annotation (not the variable's own)
+        assert 'instance=~"$instance"' in query, query
+        assert 'engine="$engine"' not in query, query  # multi-select needs =~
+    actions = next(item for item in dashboard["annotations"]["list"] if item["name"] == "tunerd actions")
+    assert actions["expr"].startswith("increase(tunerd_actions_total{")
 
 
 def _gate_samples() -> set[str]:
