@@ -14,12 +14,14 @@ sends them (:mod:`tunerd.notify.dispatch`) and writes each into history.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from tunerd.notify.alert import Action, Alert, Severity, fingerprint
 from tunerd.outcomes import Mode, Outcome, SagaKind, SagaResult
 from tunerd.policy.engine import ActionPlan, NotifyRequest
+from tunerd.units import format_size
 
 __all__ = ["Acted", "Did", "Outgoing", "engine_alert", "plan_alerts", "saga_alerts"]
 
@@ -104,6 +106,14 @@ def plan_alerts(plan: ActionPlan, acted: Acted, host: str, now: float) -> list[O
     not take pages (critical), from every policy of the plan when none asked for an alert."""
     asked = list(plan.notify) or [NotifyRequest(policy, "critical") for policy in plan.policies]
     summary = "; ".join(plan.reasons) or ", ".join(plan.policies)
+    ratchet = plan.evidence.get("memory_ratchet")
+    if isinstance(ratchet, Mapping) and isinstance(ratchet.get("height_bytes"), int):
+        # the user's word for it: what nvidia-smi showed the seed as a "prefill plateau"
+        summary = (
+            f"the engine's memory stepped up {format_size(ratchet['height_bytes'])} at a prefill and "
+            "stayed (the 'prefill plateau' of nvidia-smi: the caching allocator keeps what a long "
+            f"prefill took); {summary}"
+        )
     action = Action("tune", dict(plan.before), dict(plan.after), acted.outcome) if plan.changes else None
     applied = plan.mode == Mode.ACT and acted.result is not None and acted.result.outcome is Outcome.SUCCEEDED
     return [

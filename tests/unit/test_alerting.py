@@ -81,3 +81,15 @@ def test_a_start_tunerd_made_on_its_own_that_failed_pages() -> None:
     assert out.mode == Mode.OBSERVE
     fine = SagaResult(SagaKind.RECOVER, Outcome.SUCCEEDED, 9, 3, "ok", crash="cuda_oom")
     assert saga_alerts("main", fine, "box", 1.0, Mode.ACT) == []
+
+
+def test_a_ratchets_alert_names_the_prefill_plateau() -> None:
+    """Issue 21: the user's word for it (the seed's nvidia-smi rectangle) beside tunerd's."""
+    plan = _plan(Mode.ACT)
+    plan = ActionPlan(
+        **{**plan.__dict__, "evidence": {"memory_ratchet": {"height_bytes": 1 << 30, "at": 0.0}}}
+    )
+    [out] = plan_alerts(plan, Acted(Did.RESTARTING), "box", 1.0)
+    assert out.alert.summary.startswith(
+        "the engine's memory stepped up 1.00 GiB at a prefill and stayed (the 'prefill plateau' of nvidia-smi"
+    )
