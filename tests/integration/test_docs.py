@@ -101,6 +101,8 @@ def _commands(path: Path) -> list[Command]:
 def _normal(text: str) -> list[str]:
     """The argv as a user on a tunerd host types it: without sudo, tunerd by its plain name."""
     argv = shlex.split(text)
+    while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):  # NO_COLOR=1 tunerd status
+        argv = argv[1:]
     while argv and argv[0] == "sudo":
         argv = argv[3:] if argv[1:2] == ["-u"] else argv[1:]
     if argv and argv[0].endswith("/tunerd"):
