@@ -58,7 +58,7 @@ def test_status_json_has_every_contract_field_and_the_human_view_fits(tmp_path: 
     )
     run = TunerdRun(config)
     try:
-        status = _status(socket, time.monotonic() + 60)
+        status = _status(socket, time.monotonic() + 120)
         assert stat.S_IMODE(socket.stat().st_mode) == 0o660
 
         assert status["mode"] == "advise"
@@ -156,7 +156,7 @@ def test_advise_mode_posts_the_right_sizing_when_it_changes(tmp_path: Path) -> N
     )
     run = TunerdRun(config)
     try:
-        _status(socket, time.monotonic() + 60)
+        _status(socket, time.monotonic() + 120)
         load = subprocess.run(
             [sys.executable, "-m", "tunerd", "sim", "load", "--url", url, "--concurrency", "4",
              "--prompt-tokens", "3000", "--max-tokens", "64", "--requests", "24"],

@@ -101,7 +101,9 @@ def test_the_change_is_rolled_back_with_vllms_reason(story: Story) -> None:
     # the policy asks for no alert; a change that did not take pages a person anyway
     alerts = [h for h in history(story.state_dir) if h["kind"] == "notify"]
     assert len(alerts) == 1, alerts
-    assert alerts[0]["reason"].startswith("critical firing: grow-context on tiny")
+    assert alerts[0]["reason"].startswith(
+        "critical firing: tiny: the change grow-context asked for did not start; rolled back to the last good settings"
+    )
     assert "restart rolled_back" in alerts[0]["reason"]
     failed_log = story.state_dir / "engines" / f"{ENGINE}.log.1"
     assert "estimated maximum model length is 1920" in failed_log.read_text(errors="replace")

@@ -215,9 +215,17 @@ class _Watch:
         self.state: State | None = None
 
     def open_state(self) -> State | None:
+        """The daemon's state, read-only, once it holds its tables (the file exists a moment
+        before the daemon has written them: the first reads raised 'no such table')."""
         if self.state is None and (self.state_dir / "tunerd.db").exists():
             with contextlib.suppress(StateError, OSError):
-                self.state = State.open(self.state_dir, readonly=True)
+                state = State.open(self.state_dir, readonly=True)
+                try:
+                    state.history(limit=1)
+                except StateError:
+                    state.close()
+                    return None
+                self.state = state
         return self.state
 
     def gpu(self) -> tuple[int, int, int] | None:
