@@ -86,7 +86,8 @@ class Sim:
 
 
 @contextmanager
-def sim(tmp_path: Path, *args: str, wait_ready: bool = True) -> Iterator[Sim]:
+def sim(tmp_path: Path, *args: str, wait_ready: bool = True, host: str | None = "127.0.0.1") -> Iterator[Sim]:
+    """``tunerd sim serve`` on a free port (``host``: its ``--host``; None: the default)."""
     port = _free_port()
     log = tmp_path / f"sim-{port}.log"
     with log.open("wb") as sink:
@@ -97,8 +98,7 @@ def sim(tmp_path: Path, *args: str, wait_ready: bool = True) -> Iterator[Sim]:
                 "tunerd",
                 "sim",
                 "serve",
-                "--host",
-                "127.0.0.1",
+                *(["--host", host] if host is not None else []),
                 "--port",
                 str(port),
                 *FAST,
@@ -710,30 +710,5 @@ def _listening(port: int) -> set[str]:
 def test_sim_serve_listens_on_this_machine_only_unless_told(tmp_path: Path) -> None:
     """Issue 21: `tunerd sim serve` with no --host binds 127.0.0.1 (a simulator is no service
     for the network); vLLM's own 0.0.0.0 is there when asked for."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tunerd",
-            "sim",
-            "serve",
-            "--port",
-            str(port),
-            *FAST,
-            *SEED_MODEL,
-            *SEED_CONFIG,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not _listening(port):
-            assert process.poll() is None, process.returncode
-            assert time.monotonic() < deadline, "the simulator never listened"
-            time.sleep(0.1)
-        assert _listening(port) == {"0100007F"}  # 127.0.0.1
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
+    with sim(tmp_path, *SEED_MODEL, *SEED_CONFIG, host=None) as served:
+        assert _listening(int(served.url.rsplit(":", 1)[1])) == {"0100007F"}  # 127.0.0.1
