@@ -20,6 +20,7 @@ that :mod:`tunerd.alerting` turns into alerts.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from tunerd.alerting import Acted, Did, Outgoing, engine_alert, plan_alerts, saga_alerts
 from tunerd.clock import Clock
 from tunerd.config import Config, EngineConfig
+from tunerd.detect import Plateau
 from tunerd.diagnosis import LogDiagnosis
 from tunerd.engine.args import engine_argv, settings_to_args
 from tunerd.engine.guards import is_quiet, shared_gpu_refusal
@@ -93,6 +95,10 @@ class EngineLoop:
     gate_held: bool = False
     #: every tick's evaluation (context, policy states, decision): recordings and incidents
     tape: Tape = field(default_factory=Tape)
+    #: the engine's memory rises of the last look-back, as of the last tick (status; None while
+    #: its memory is not read), and the transient ones already reported (their starts, bounded)
+    plateaus: list[Plateau] | None = None
+    reported_transients: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
     @property
     def name(self) -> str:

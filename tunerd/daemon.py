@@ -40,6 +40,7 @@ from tunerd.acting import Actor, EngineLoop
 from tunerd.alerting import Did, Outgoing, engine_alert
 from tunerd.clock import SYSTEM_CLOCK, Clock
 from tunerd.config import Config, ConfigError, EngineConfig, load_config, notify_targets, rate_of
+from tunerd.detect import plateaus
 from tunerd.diagnosis import LogDiagnosis
 from tunerd.engine.guards import GuardConfig, budget
 from tunerd.engine.process import copytruncate, process_tree
@@ -635,6 +636,9 @@ class Daemon:
                     calibration=self._calibration(loop),
                     recommendation=self._recommendation(loop),
                     gate=loop.gate,
+                    plateaus=None
+                    if loop.plateaus is None
+                    else [plateau.to_dict(now) for plateau in loop.plateaus],
                 )
             )
         monotonic = self.clock.monotonic()
@@ -1032,6 +1036,20 @@ class Daemon:
             self.store.record(signal, name, now, value, generation)
         self._observe(loop, gpus, memory, now)
 
+    def _report_plateaus(self, loop: EngineLoop, now: float, generation: int) -> None:
+        """The engine's memory rises of the look-back, kept for ``status``; a transient one (the
+        seed's prefill plateau that fell back) is said once, when it has fallen — in the journal
+        and as an event of the recording — with its height, how long it stood and what was in
+        flight. A rise that stays is the ratchet the policies act on."""
+        loop.plateaus = plateaus(self.store, loop.name, now)
+        for plateau in loop.plateaus or []:
+            if plateau.kind != "transient" or plateau.start in loop.reported_transients:
+                continue
+            loop.reported_transients.append(plateau.start)
+            data = plateau.to_dict(now)
+            self.store.add_event(Event(now, "transient_plateau", loop.name, generation, data=data))
+            self.say("transient_plateau", engine=loop.name, **data)
+
     def _observe(self, loop: EngineLoop, gpus: list[GpuSample], memory: EngineMemory, now: float) -> None:
         """Calibration: what the serving engine's start showed of the box (its log's figures,
         the CUDA total) and the most it and its neighbours have held since; written to the
@@ -1275,6 +1293,7 @@ class Daemon:
         record = self.state.engine(name)
         generation = record.generation if record else 0
         self._record_signals(loop, reading, now, settings, generation)
+        self._report_plateaus(loop, now, generation)
         if not loop.reconciled:
             return
         if supervisor.in_flight():

@@ -8,7 +8,8 @@ generations (the store's rule).
 - :func:`memory_ratchet` — the engine's memory makes a new high-water mark above its settled
   level while prompt tokens flow, and stays there (vLLM's caching allocator keeps what it
   took: the seed's "plateau" as vLLM really shows it). A rise that falls back is not a
-  ratchet (:func:`classify_rises` tells the two shapes apart).
+  ratchet (:func:`classify_rises` tells the two shapes apart); :func:`plateaus` reports both
+  shapes with what was in flight while they stood.
 - :func:`over_budget` — engine memory above ``ceil(utilization × total)``.
 - :func:`neighbour_growth` — other processes on the engine's GPU grew.
 - :func:`pool_saturation` — the KV pool is nearly full *and* requests wait for capacity or
@@ -28,12 +29,14 @@ from tunerd.store import Sample, Store
 
 __all__ = [
     "Detection",
+    "Plateau",
     "Rise",
     "classify_rises",
     "counter_rate",
     "memory_ratchet",
     "neighbour_growth",
     "over_budget",
+    "plateaus",
     "pool_saturation",
 ]
 
@@ -163,16 +166,131 @@ def _latest(store: Store, signal: str, scope: str, now: float) -> float | None:
     return None if sample is None else sample.value
 
 
-def _steps(store: Store, scope: str, now: float) -> tuple[bool, list[Rise] | None]:
-    """(whether the engine's memory has samples in the look-back, its confirmed steps there —
-    None with fewer than three readings)."""
+def _lookback_rises(store: Store, scope: str, now: float) -> tuple[bool, list[Rise] | None]:
+    """(whether the engine's memory has samples in the look-back, every rise there — None with
+    fewer than three readings), derived once a tick."""
+    return store.derived(("rises", scope, now), lambda: _scan_rises(store, scope, now))
+
+
+def _scan_rises(store: Store, scope: str, now: float) -> tuple[bool, list[Rise] | None]:
     window = store.extremes("engine_memory_bytes", scope, now, RATCHET_LOOKBACK_S)
     if window.present < 3:
         return window.exists, None
     if window.high is not None and window.low is not None and window.high - window.low < RATCHET_MIN_STEP:
         return True, []  # a window narrower than a step holds no rise: known without a scan
     exists, times, values = _points(store, "engine_memory_bytes", scope, now, RATCHET_LOOKBACK_S)
-    return exists, [rise for rise in _rises(times, values, RATCHET_MIN_STEP) if rise.kind == "step"]
+    return exists, _rises(times, values, RATCHET_MIN_STEP)
+
+
+def _steps(store: Store, scope: str, now: float) -> tuple[bool, list[Rise] | None]:
+    """(whether the engine's memory has samples in the look-back, its confirmed steps there —
+    None with fewer than three readings)."""
+    exists, rises = _lookback_rises(store, scope, now)
+    return exists, None if rises is None else [rise for rise in rises if rise.kind == "step"]
+
+
+@dataclass(frozen=True)
+class Plateau:
+    """A rise of the engine's memory, as an operator asks about it: the seed's "prefill plateau"
+    (the rectangle ``nvidia-smi -l 1`` draws). ``kind`` ``step``: it stayed (vLLM's caching
+    allocator keeps what a prefill took: what :func:`memory_ratchet` acts on); ``transient``: it
+    fell back (below half its height) at ``end``; ``rising``: too fresh to tell. With it what
+    was in flight while it stood: the prompt tokens the engine prefilled (its counter's
+    increase), the most requests running, and — behind a gate — the most prompt tokens in
+    flight there and the longest prompt."""
+
+    kind: str
+    start: float
+    end: float | None
+    before_bytes: int
+    peak_bytes: int
+    prompt_tokens: int | None
+    running: int | None
+    gate_prompt_tokens_in_flight: int | None
+    gate_longest_prompt: int | None
+
+    @property
+    def height_bytes(self) -> int:
+        return self.peak_bytes - self.before_bytes
+
+    def duration_s(self, now: float) -> float:
+        """How long it stood: to its fall for a transient, so far for the others."""
+        return (self.end if self.end is not None else now) - self.start
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "at": self.start,
+            "end": self.end,
+            "height_bytes": self.height_bytes,
+            "duration_s": round(self.duration_s(now), 3),
+            "before_bytes": self.before_bytes,
+            "peak_bytes": self.peak_bytes,
+            "prompt_tokens": self.prompt_tokens,
+            "running": self.running,
+            "gate_prompt_tokens_in_flight": self.gate_prompt_tokens_in_flight,
+            "gate_longest_prompt": self.gate_longest_prompt,
+        }
+
+
+def plateaus(store: Store, scope: str, now: float) -> list[Plateau] | None:
+    """Every rise of the engine's memory in the last :data:`RATCHET_LOOKBACK_S` — those that
+    stayed and those that fell back — oldest first, each with what was in flight meanwhile;
+    None while its memory is not read (fewer than three readings there)."""
+    _, rises = _lookback_rises(store, scope, now)
+    if rises is None:
+        return None
+    found = []
+    for rise in rises:
+        # the prefill that raised it began before the first reading at the new level: the
+        # counter is read from the reading before (:func:`_between`)
+        span = (rise.start, rise.end if rise.end is not None else now)
+        found.append(
+            Plateau(
+                kind=rise.kind,
+                start=rise.start,
+                end=rise.end,
+                before_bytes=int(rise.before),
+                peak_bytes=int(rise.peak),
+                prompt_tokens=_increase(store, "prompt_tokens_total", scope, now, span),
+                running=_most(store, "num_requests_running", scope, now, span),
+                gate_prompt_tokens_in_flight=_most(store, "gate_in_flight_prompt_tokens", scope, now, span),
+                gate_longest_prompt=_most(store, "gate_longest_prompt_in_flight", scope, now, span),
+            )
+        )
+    return found
+
+
+def _between(
+    store: Store, signal: str, scope: str, now: float, span: tuple[float, float]
+) -> list[tuple[float, float]]:
+    """The present readings of ``signal`` around ``span`` (start, until) in the look-back: the
+    last one before it, those within, the first one after — readings come a tick apart, and a
+    plateau of a few seconds may hold none of a slower series."""
+    start, until = span
+    times, values = store.points(signal, scope, now, RATCHET_LOOKBACK_S)
+    pairs = [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
+    first = next((i for i, (t, _) in enumerate(pairs) if t >= start), len(pairs))
+    last = next((i for i, (t, _) in enumerate(pairs) if t >= until), len(pairs) - 1)
+    return pairs[max(0, first - 1) : last + 1]
+
+
+def _increase(store: Store, signal: str, scope: str, now: float, span: tuple[float, float]) -> int | None:
+    """How much a counter rose from the reading before ``span`` to the first after it (at a
+    reset: what follows it)."""
+    pairs = _between(store, signal, scope, now, span)
+    if len(pairs) < 2:
+        return None
+    rise = 0.0
+    for (_, before), (_, after) in itertools.pairwise(pairs):
+        rise += after - before if after >= before else after
+    return int(rise)
+
+
+def _most(store: Store, signal: str, scope: str, now: float, span: tuple[float, float]) -> int | None:
+    """The most a gauge read from the start of ``span`` to the first reading after it."""
+    values = [v for t, v in _between(store, signal, scope, now, span) if t >= span[0]]
+    return int(max(values)) if values else None
 
 
 def memory_ratchet(store: Store, scope: str, now: float, headroom_below: float | None = None) -> Detection:

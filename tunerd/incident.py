@@ -121,9 +121,17 @@ def postmortem(incident: Mapping[str, Any], recording: Recording | None) -> dict
         "evidence": [],
         "actions": detail.get("actions") or [],
         "window": None,
+        "plateaus": [],
     }
     if recording is None:
         return out
+    # the prefill plateaus that fell back while it was recorded (the daemon's
+    # ``transient_plateau`` events: height, how long, what was in flight)
+    out["plateaus"] = [
+        dict(line["data"])
+        for line in recording.lines
+        if line.get("event") == "transient_plateau" and isinstance(line.get("data"), dict)
+    ]
     used = _values(series(recording, "gpu_memory_used_bytes"))
     total = _values(series(recording, "gpu_memory_total_bytes"))
     engine = _values(series(recording, "engine_memory_bytes"))
@@ -280,6 +288,18 @@ def _cause(
                 f"{who} grew {format_size(item['by_bytes'])} ({format_size(item['from_bytes'])} → "
                 f"{format_size(item['to_bytes'])})"
             )
+    plateaus = [p for p in out.get("plateaus") or [] if isinstance(p.get("height_bytes"), (int, float))]
+    if plateaus:
+        tallest = max(plateaus, key=lambda p: p["height_bytes"])
+        stood = tallest.get("duration_s")
+        prompt = tallest.get("prompt_tokens")
+        evidence.append(
+            f"{len(plateaus)} prefill plateau{'s' if len(plateaus) > 1 else ''} fell back in the window "
+            f"(tallest +{format_size(tallest['height_bytes'])}"
+            + (f" for {stood:.1f} s" if isinstance(stood, (int, float)) else "")
+            + (f", {prompt:,} prompt tokens prefilled" if isinstance(prompt, int) else "")
+            + ")"
+        )
     saturated = [v for t, v in kv if t <= at + 1e-6 and v >= 0.95]
     rose = preemptions[-1][1] - preemptions[0][1] if len(preemptions) > 1 else 0.0
     if saturated:

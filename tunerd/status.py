@@ -106,6 +106,7 @@ def engine_status(
     calibration: Mapping[str, Any] | None = None,
     recommendation: Mapping[str, Any] | None = None,
     gate: Mapping[str, Any] | None = None,
+    plateaus: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One engine of ``tunerd status --json`` (DESIGN §4.8), and more: ``paused`` (why), ``pinned``
     and ``restart`` — the saga in flight, its step, what it waits for and its deadline — and
@@ -114,7 +115,11 @@ def engine_status(
     bills of the observed start, the headroom they left, the last prediction's error, the
     ``fit`` targets), None until an engine has been seen serving; ``recommendation``:
     right-sizing from the requests served (``tunerd advise``'s per-knob target, lower, upper,
-    reason and predicted pool, and ``requests``), None before the first scrape."""
+    reason and predicted pool, and ``requests``), None before the first scrape; ``plateaus``:
+    the engine's memory rises of the last ten minutes, oldest first — the seed's "prefill
+    plateau", each a ``step`` that stayed (the ratchet), a ``transient`` that fell back or one
+    still ``rising``, with its height, how long it stood and what was in flight
+    (:meth:`tunerd.detect.Plateau.to_dict`); None while the engine's memory is not read."""
     return {
         "name": name,
         "state": state,
@@ -139,6 +144,7 @@ def engine_status(
         "calibration": None if calibration is None else dict(calibration),
         "recommendation": None if recommendation is None else dict(recommendation),
         "gate": None if gate is None else dict(gate),
+        "plateaus": None if plateaus is None else [dict(plateau) for plateau in plateaus],
         "policies": [
             {
                 "name": policy.name,
@@ -229,6 +235,62 @@ def _gate_lines(gate: Mapping[str, Any] | None) -> list[str]:
         f"turned away {shed}",
     ]
     return _wrap("  gate      ", parts)
+
+
+def _plateau_lines(plateaus: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """The seed's "prefill plateau" under vLLM's name: the latest rise that stayed (what the
+    ``memory_ratchet`` policies act on) and the tallest that fell back, with what was in
+    flight; "none" when the last ten minutes held none."""
+    if plateaus is None:
+        return []
+    head = "  plateaus  "
+    if not plateaus:
+        return _wrap(head, ["prefill plateau (memory_ratchet): none in the last 10 min"])
+    steps = [p for p in plateaus if p.get("kind") in ("step", "rising")]
+    transients = [p for p in plateaus if p.get("kind") == "transient"]
+    parts = []
+    if steps:
+        step = steps[-1]
+        kept = "kept (the allocator holds it)" if step.get("kind") == "step" else "rising"
+        parts.append(
+            f"prefill plateau (memory_ratchet) +{_size(step.get('height_bytes'))} at "
+            f"{_when(step.get('at'))}, {kept}"
+        )
+        parts += _in_flight(step)
+    if transients:
+        tallest = max(transients, key=lambda p: p.get("height_bytes") or 0)
+        more = f" (of {len(transients)})" if len(transients) > 1 else ""
+        duration = tallest.get("duration_s")
+        stood = f" for {_seconds(duration)}" if isinstance(duration, (int, float)) else ""
+        parts.append(
+            f"transient{more} +{_size(tallest.get('height_bytes'))}{stood} at "
+            f"{_when(tallest.get('at'))}, fell back"
+        )
+        parts += _in_flight(tallest)
+    return _wrap(head, parts)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+
+def _size(value: Any) -> str:
+    """Bytes in MiB below a GiB, else GiB: a plateau's height."""
+    if isinstance(value, int) and abs(value) < GIB:
+        return f"{value / 1024**2:.0f} MiB"
+    return _gib(value)
+
+
+def _in_flight(plateau: Mapping[str, Any]) -> list[str]:
+    """What was in flight while a plateau stood, as one item of its line (or none)."""
+    said = []
+    if isinstance(plateau.get("prompt_tokens"), int):
+        said.append(f"{plateau['prompt_tokens']:,} prompt tokens prefilled")
+    if isinstance(plateau.get("gate_prompt_tokens_in_flight"), int):
+        said.append(f"{plateau['gate_prompt_tokens_in_flight']:,} in flight at the gate")
+    if isinstance(plateau.get("running"), int):
+        said.append(f"{plateau['running']} running")
+    return [", ".join(said)] if said else []
 
 
 def _number_tokens(value: Any) -> str:
@@ -453,6 +515,7 @@ def render(status: Mapping[str, Any], *, color: bool = False) -> str:
                 f"waiting {waiting} · preemptions {metrics.get('num_preemptions_total', '?')}"
             )
         )
+        lines += _plateau_lines(engine.get("plateaus"))
         lines += _calibration_lines(engine.get("calibration"))
         lines += _gate_lines(engine.get("gate"))
         policies = engine.get("policies") or []

@@ -21,6 +21,7 @@ def _trace(
     load_at: float = 30.0,
     duration: float = 120.0,
     settings: EngineSettings | None = None,
+    gc_threshold: float | None = None,
 ) -> tuple[Store, list[tuple[float, int]]]:
     """Sample a simulated engine every 0.5 s into a store, as the daemon would; return the
     store and the true memory steps (time, height)."""
@@ -32,6 +33,7 @@ def _trace(
         settings or EngineSettings(0.97, 32768, 16, 8192, "fp16"),
         pid=1,
         frag_max=0.0,
+        gc_threshold=gc_threshold,
     )
     store = Store(capacity=10_000)
     steps: list[tuple[float, int]] = []
@@ -61,6 +63,7 @@ def _trace(
                 next_sample,
                 engine.prompt_tokens_total + sum(r.computed for r in engine.running),
             )
+            store.record("num_requests_running", "e", next_sample, len(engine.running))
             next_sample += INTERVAL
     return store, steps
 
@@ -220,3 +223,63 @@ def test_the_quick_looks_for_no_rise_agree_with_the_walk_point_by_point() -> Non
             values.append(level + (step * 1.5 if rng.random() < 0.02 else 0))
         times = [float(i) for i in range(len(values))]
         assert _rises(times, values, step) == _walk_rises(list(zip(times, values, strict=True)), step)
+
+
+def test_plateaus_that_fall_back_are_reported_with_what_was_in_flight() -> None:
+    """The allocator told to give memory back (``garbage_collection_threshold``): the four
+    20K prefills raise the engine's memory and it falls back once decoding needs less — the
+    seed's rectangle. Each is a transient plateau, of the height the simulated engine took
+    (its own truth), with the prompt tokens prefilled while it stood."""
+    store, truth = _trace(gc_threshold=0.6, duration=90.0)
+    assert truth, "the simulated engine should take memory for the prefills"
+    found = detect.plateaus(store, "e", 90.0)
+    assert found is not None
+    transients = [p for p in found if p.kind == "transient"]
+    assert transients
+    assert all(p.kind == "transient" for p in found)
+    tallest = max(transients, key=lambda p: p.height_bytes)
+    assert abs(tallest.height_bytes - max(height for _, height in truth)) <= 64 * MIB
+    for plateau in transients:
+        assert plateau.end is not None
+        assert plateau.end > plateau.start
+        assert plateau.duration_s(90.0) == plateau.end - plateau.start
+        assert plateau.prompt_tokens is not None
+        assert plateau.prompt_tokens > 0
+        assert plateau.running is not None
+        assert plateau.running >= 1
+        assert plateau.gate_prompt_tokens_in_flight is None  # no gate recorded
+        shown = plateau.to_dict(90.0)
+        assert shown["height_bytes"] == plateau.height_bytes
+        assert shown["kind"] == "transient"
+    # while a rectangle stands nobody can tell it from a step; once fallen it is no ratchet
+    assert detect.memory_ratchet(store, "e", 90.0).active is not True
+
+
+def test_plateaus_that_stay_are_steps_and_none_without_memory_readings() -> None:
+    store, truth = _trace(duration=90.0)  # the default allocator keeps what it took
+    found = detect.plateaus(store, "e", 90.0)
+    assert found is not None
+    assert [p.kind for p in found] == ["step"]
+    assert found[0].end is None
+    assert found[0].duration_s(90.0) == 90.0 - found[0].start
+    assert abs(found[0].height_bytes - truth[0][1]) <= 64 * MIB
+    assert detect.plateaus(Store(capacity=10), "e", 10.0) is None
+
+
+def test_a_plateaus_in_flight_figures_come_from_the_readings_around_it() -> None:
+    """Readings a tick apart: the counter is read from the reading before the rise to the
+    first after its fall, the gauges over the same span (a gate's too)."""
+    store = Store(capacity=100)
+    memory = [20, 20, 20, 21, 21, 21, 20, 20]  # GiB: up at t=3, back at t=6
+    for t, gib in enumerate(memory):
+        store.record("engine_memory_bytes", "e", float(t), gib * GIB)
+    for t, tokens in [(0, 0), (2, 1000), (4, 9000), (7, 12000)]:  # a slower series
+        store.record("prompt_tokens_total", "e", float(t), tokens)
+    for t, flying in [(1, 0), (3, 8000), (5, 30000), (7, 0)]:
+        store.record("gate_in_flight_prompt_tokens", "e", float(t), flying)
+    (plateau,) = detect.plateaus(store, "e", 7.0) or []
+    assert (plateau.kind, plateau.start, plateau.end, plateau.height_bytes) == ("transient", 3.0, 6.0, GIB)
+    assert plateau.prompt_tokens == 11000  # from t=2 (before) to t=7 (the first after)
+    assert plateau.gate_prompt_tokens_in_flight == 30000
+    assert plateau.gate_longest_prompt is None
+    assert plateau.running is None

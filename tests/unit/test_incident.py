@@ -153,3 +153,30 @@ def test_the_incidents_chart_stacks_bills_and_neighbours_and_leaves_the_restart_
     assert marks[0].time == 1121.0
     page = html_page(postmortem(_incident(detail), recording), _incident(detail), recording)
     assert 'data-name="pid 7 (notebook)"' in page
+
+
+def test_prefill_plateaus_that_fell_back_are_in_the_post_mortem() -> None:
+    """The daemon's ``transient_plateau`` events in the recording: listed under ``plateaus`` and
+    named in the evidence (how many, the tallest's height, how long, the prompt tokens)."""
+    lines = _recording(neighbour_grows=False)
+    said = {"kind": "transient", "at": 1010.0, "end": 1014.5, "height_bytes": 300 << 20, "duration_s": 4.5,
+            "prompt_tokens": 28672, "running": 2, "gate_prompt_tokens_in_flight": None}  # fmt: skip
+    lines[1:] = sorted(
+        [
+            *lines[1:],
+            {"t": 1015.0, "event": "transient_plateau", "data": said},
+            {
+                "t": 1030.0,
+                "event": "transient_plateau",
+                "data": {**said, "at": 1025.0, "height_bytes": 100 << 20},
+            },
+        ],
+        key=lambda line: line["t"],
+    )  # in time order, as recordings are
+    report = postmortem(_incident({}), unpack(pack(lines)))
+    assert [p["at"] for p in report["plateaus"]] == [1010.0, 1025.0]
+    (named,) = [line for line in report["evidence"] if "prefill plateau" in line]
+    assert named == (
+        "2 prefill plateaus fell back in the window (tallest +300.00 MiB for 4.5 s, 28,672 prompt tokens prefilled)"
+    )
+    assert postmortem(_incident({}), unpack(pack(_recording(neighbour_grows=False))))["plateaus"] == []

@@ -253,3 +253,31 @@ def test_simulated_time_is_said_beside_the_wall_clock() -> None:
         r"tunerd — mode act — simulated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(wall \d\d:\d\d:\d\d\)$", first
     )
     assert "simulated" not in render(STATUS).splitlines()[0]
+
+
+def test_the_prefill_plateau_is_on_the_screen_under_its_names() -> None:
+    """Issue 21: the seed's word and vLLM's side by side — the latest rise that stayed (what the
+    memory_ratchet policies act on) and the tallest that fell back, with what was in flight;
+    "none" over ten quiet minutes; no line while the engine's memory is not read."""
+    engine = dict(STATUS["engines"][0])  # type: ignore[index]
+    common = {"before_bytes": 20 * GIB, "running": 3, "gate_longest_prompt": None}
+    engine["plateaus"] = [
+        {**common, "kind": "transient", "at": 1795999400.0, "end": 1795999404.5, "height_bytes": 300 * 1024**2,
+         "duration_s": 4.5, "prompt_tokens": 28672, "gate_prompt_tokens_in_flight": 30000},
+        {**common, "kind": "transient", "at": 1795999500.0, "end": 1795999501.0, "height_bytes": 100 * 1024**2,
+         "duration_s": 1.0, "prompt_tokens": 2000, "gate_prompt_tokens_in_flight": None},
+        {**common, "kind": "step", "at": 1795999900.0, "end": None, "height_bytes": int(1.5 * GIB),
+         "duration_s": 100.0, "prompt_tokens": None, "gate_prompt_tokens_in_flight": None, "running": None},
+    ]  # fmt: skip
+    lines = render({**STATUS, "engines": [engine]}).splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("  plateaus  "))
+    block = [lines[start], *(line for line in lines[start + 1 : start + 4] if line.startswith(" " * 12))]
+    shown = " · ".join(line.strip() for line in block).removeprefix("plateaus  ")
+    assert shown.startswith("prefill plateau (memory_ratchet) +1.5 GiB at ")
+    assert ", kept (the allocator holds it)" in shown
+    assert "transient (of 2) +300 MiB for 4.5 s at " in shown  # the tallest of the two
+    assert ", fell back · 28,672 prompt tokens prefilled, 30,000 in flight at the gate, 3 running" in shown
+    assert max(len(line) for line in lines) <= WIDTH
+    quiet = render({**STATUS, "engines": [{**engine, "plateaus": []}]})
+    assert "  plateaus  prefill plateau (memory_ratchet): none in the last 10 min" in quiet
+    assert "plateau" not in render(STATUS)  # memory not read: nothing to say

@@ -9,6 +9,7 @@ and ``--seed`` describe the simulated world.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -99,6 +100,27 @@ def _rate(text: str) -> float:
         return parse_size(size) / parse_duration("1" + per if per and per[0].isalpha() else per or "1s")
     except UnitError as error:
         raise argparse.ArgumentTypeError(f"invalid rate '{text}': {error}") from None
+
+
+def gc_threshold(conf: str | None) -> float | None:
+    """``garbage_collection_threshold`` of a ``PYTORCH_CUDA_ALLOC_CONF`` value (``key:value``
+    pairs, comma-separated), as PyTorch reads it: None when it is not set; outside (0, 1) is
+    PyTorch's own start-up error."""
+    for part in (conf or "").split(","):
+        key, _, value = part.partition(":")
+        if key.strip() != "garbage_collection_threshold":
+            continue
+        try:
+            threshold = float(value)
+        except ValueError:
+            threshold = math.nan
+        if not 0.0 < threshold < 1.0:
+            raise UsageError(
+                f"PYTORCH_CUDA_ALLOC_CONF: garbage_collect_threshold is invalid, set it in (0.0, 1.0) "
+                f"(got {value.strip()[:20]!r})"
+            )
+        return threshold
+    return None
 
 
 def _neighbour_spec(text: str) -> tuple[int, float, float, str | None]:
@@ -288,6 +310,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         neighbours.append(
             Neighbour(NEIGHBOUR_PID_BASE + offset, name or f"neighbour-{offset}", held, start, growth)
         )
+    threshold = gc_threshold(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     max_len = args.max_model_len if args.max_model_len not in (None, -1) else None
     settings = EngineSettings(
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -326,6 +349,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             drift_bytes_per_s=args.sim_drift,
             seed=args.seed,
             box=box,
+            gc_threshold=threshold,
         )
 
     def truth_engine(wanted: EngineSettings, now: float, engine_bytes: int) -> SimEngine:

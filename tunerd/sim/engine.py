@@ -235,6 +235,7 @@ class SimEngine:
         seed: int = 0,
         box: Box | None = None,
         worst_case: bool = False,
+        gc_threshold: float | None = None,
     ) -> None:
         self.shape = shape
         self.gpu = gpu
@@ -248,6 +249,9 @@ class SimEngine:
         #: the allocator fragmented to its ceiling from the first step (the truth search's view
         #: of hours of traffic)
         self.worst_case = worst_case
+        #: ``PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:T``: past T of the card the
+        #: caching allocator gives unused cached blocks back to the driver
+        self.gc_threshold = gc_threshold
         self._random = random.Random(seed)
         self.max_model_len = settings.max_model_len or shape.max_position_embeddings
         self._check_config()
@@ -428,6 +432,14 @@ class SimEngine:
         if wanted > self.activation_held:
             self._allocate(wanted - self.activation_held, now, "activations")
             self.activation_held = wanted
+        elif self.gc_threshold is not None and wanted < self.activation_held:
+            # with a garbage-collection threshold the allocator reclaims the cached blocks a
+            # smaller step leaves unused while the process holds more than the threshold of the
+            # card, and stops below it: the prefill's peak falls back (the seed's rectangle in
+            # nvidia-smi). PyTorch reclaims at its next allocation that misses the cache; the
+            # simulator at the next step that needs less.
+            above = self.engine_bytes() - int(self.gc_threshold * self.gpu.cuda_total_bytes)
+            self.activation_held -= max(0, min(self.activation_held - wanted, above))
 
     def tick(self, now: float) -> None:
         """Let time pass: the leak drifts (and may OOM even when idle)."""

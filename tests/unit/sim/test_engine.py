@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tunerd.commands.common import UsageError
+from tunerd.commands.sim import gc_threshold
 from tunerd.planner.gpus import gpu_profile
 from tunerd.planner.recommend import PlanRequest, make_plan
 from tunerd.planner.shapes import builtin_model, load_model_config, shape_from_config
@@ -293,3 +295,51 @@ def test_sliding_window_model_frees_blocks_outside_the_window() -> None:
     _run(engine, [request], limit=600.0)
     assert request.done
     assert engine.preemptions_total == 0
+
+
+def _peaks(engine: SimEngine, prompts: int) -> tuple[int, int, int]:
+    """(memory before, the most during, after) of ``prompts`` 20K prefills one after another."""
+    before = most = engine.engine_bytes()
+    now = 0.0
+    for n in range(prompts):
+        engine.submit(Request(f"p{n}", 20_000, 64, now, ignore_eos=True))
+        while engine.has_work:
+            now += engine.step(now).duration or 0.01
+            most = max(most, engine.engine_bytes())
+    return before, most, engine.engine_bytes()
+
+
+def test_the_caching_allocator_keeps_a_prefills_peak_unless_told_to_give_it_back() -> None:
+    """vLLM's memory as nvidia-smi shows it: the default allocator keeps what the first large
+    step took (the ratchet); with ``garbage_collection_threshold`` below what the process holds
+    it reclaims the unused blocks once decoding needs less — a rectangle per prefill — and
+    never below the threshold."""
+    before, most, after = _peaks(_engine(), 2)
+    assert most - before >= 64 * MIB
+    assert after == most
+    before, most, after = _peaks(_engine(gc_threshold=0.6), 2)
+    assert most - before >= 64 * MIB
+    assert after - before < 16 * MIB
+    engine = _engine(gc_threshold=0.99)  # above what the process holds: nothing to reclaim
+    before, most, after = _peaks(engine, 1)
+    assert after == most
+
+
+@pytest.mark.parametrize(
+    ("conf", "threshold"),
+    [
+        (None, None),
+        ("", None),
+        ("expandable_segments:True", None),
+        ("expandable_segments:True,garbage_collection_threshold:0.6", 0.6),
+        (" garbage_collection_threshold:0.8 ,max_split_size_mb:128", 0.8),
+    ],
+)
+def test_the_simulator_reads_the_threshold_as_pytorch_does(conf: str | None, threshold: float | None) -> None:
+    assert gc_threshold(conf) == threshold
+
+
+@pytest.mark.parametrize("value", ["0", "1", "1.5", "-0.2", "nan", "lots", ""])
+def test_a_threshold_outside_zero_to_one_is_pytorchs_start_up_error(value: str) -> None:
+    with pytest.raises(UsageError, match=r"garbage_collect_threshold is invalid, set it in \(0\.0, 1\.0\)"):
+        gc_threshold(f"garbage_collection_threshold:{value}")
