@@ -47,6 +47,8 @@ RATCHET_MIN_STEP = 64 * MIB
 RATCHET_RECENT_S = 60.0
 #: How far back a ratchet's "settled level before" is looked for.
 RATCHET_LOOKBACK_S = 600.0
+#: What was in flight as a step that stays rose: read over this long from its rise.
+STEP_IN_FLIGHT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -195,9 +197,10 @@ class Plateau:
     (the rectangle ``nvidia-smi -l 1`` draws). ``kind`` ``step``: it stayed (vLLM's caching
     allocator keeps what a prefill took: what :func:`memory_ratchet` acts on); ``transient``: it
     fell back (below half its height) at ``end``; ``rising``: too fresh to tell. With it what
-    was in flight while it stood: the prompt tokens the engine prefilled (its counter's
-    increase), the most requests running, and — behind a gate — the most prompt tokens in
-    flight there and the longest prompt."""
+    was in flight — while a transient stood, or in a step's first :data:`STEP_IN_FLIGHT_S`: the
+    prompt tokens the engine
+    prefilled (its counter's increase), the most requests running, and — behind a gate — the
+    most prompt tokens in flight there and the longest prompt."""
 
     kind: str
     start: float
@@ -242,9 +245,12 @@ def plateaus(store: Store, scope: str, now: float) -> list[Plateau] | None:
         return None
     found = []
     for rise in rises:
-        # the prefill that raised it began before the first reading at the new level: the
-        # counter is read from the reading before (:func:`_between`)
-        span = (rise.start, rise.end if rise.end is not None else now)
+        # what was in flight: over a transient's whole stand; for one that stays, over its first
+        # :data:`STEP_IN_FLIGHT_S` (after that it only holds; vLLM counts a prompt's tokens when
+        # its prefill completes, a moment after the step). The prefill that raised it began
+        # before the first reading at the new level: the counter is read from the one before
+        # (:func:`_between`)
+        span = (rise.start, rise.end if rise.end is not None else min(now, rise.start + STEP_IN_FLIGHT_S))
         found.append(
             Plateau(
                 kind=rise.kind,

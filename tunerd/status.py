@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from tunerd.detect import STEP_IN_FLIGHT_S
 from tunerd.units import GIB
 
 if TYPE_CHECKING:  # types only: `tunerd status` renders without loading the policy engine
@@ -256,7 +257,7 @@ def _plateau_lines(plateaus: Sequence[Mapping[str, Any]] | None) -> list[str]:
             f"prefill plateau (memory_ratchet) +{_size(step.get('height_bytes'))} at "
             f"{_when(step.get('at'))}, {kept}"
         )
-        parts += _in_flight(step)
+        parts += _in_flight(step, f" in its first {STEP_IN_FLIGHT_S:.0f} s")
     if transients:
         tallest = max(transients, key=lambda p: p.get("height_bytes") or 0)
         more = f" (of {len(transients)})" if len(transients) > 1 else ""
@@ -281,11 +282,11 @@ def _size(value: Any) -> str:
     return _gib(value)
 
 
-def _in_flight(plateau: Mapping[str, Any]) -> list[str]:
-    """What was in flight while a plateau stood, as one item of its line (or none)."""
+def _in_flight(plateau: Mapping[str, Any], when: str = "") -> list[str]:
+    """What was in flight while a plateau stood (or ``when``), as one item of its line (or none)."""
     said = []
     if isinstance(plateau.get("prompt_tokens"), int):
-        said.append(f"{plateau['prompt_tokens']:,} prompt tokens prefilled")
+        said.append(f"{plateau['prompt_tokens']:,} prompt tokens prefilled{when}")
     if isinstance(plateau.get("gate_prompt_tokens_in_flight"), int):
         said.append(f"{plateau['gate_prompt_tokens_in_flight']:,} in flight at the gate")
     if isinstance(plateau.get("running"), int):

@@ -283,3 +283,15 @@ def test_a_plateaus_in_flight_figures_come_from_the_readings_around_it() -> None
     assert plateau.gate_prompt_tokens_in_flight == 30000
     assert plateau.gate_longest_prompt is None
     assert plateau.running is None
+
+
+def test_a_step_that_stays_quotes_what_was_in_flight_as_it_rose_not_since() -> None:
+    """A step holds for ever: the prompt tokens of the hour since it rose say nothing of it (a
+    status showed 1,680,000 for the seed's load); those of its first 30 s do."""
+    store = Store(capacity=100)
+    for t in range(60):
+        store.record("engine_memory_bytes", "e", float(t), (20 if t < 3 else 21) * GIB)
+        store.record("prompt_tokens_total", "e", float(t), 28_000 * t)
+    (plateau,) = detect.plateaus(store, "e", 59.0) or []
+    assert (plateau.kind, plateau.start, plateau.end) == ("step", 3.0, None)
+    assert plateau.prompt_tokens == 28_000 * 31  # from the reading before (t=2) to t=33
