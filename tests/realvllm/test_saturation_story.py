@@ -285,13 +285,19 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
         # while the gated one, a moment later, came in ~1 ms. What the engine spreads, the gate
         # must not squash; a try where the engine itself bursts is tried again.
         spreads: list[tuple[float, float]] = []  # (straight from the engine, through the gate)
+        timings: list[str] = []  # when each stream's first and last content came, from one start
         while len(spreads) < 3 and (not spreads or not spreads[-1][0] > 0.3):
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                began = time.monotonic()
                 direct_run, gated_run = pool.submit(stream, story.url), pool.submit(stream, story.gate_url)
                 (direct, _), (content, usage) = direct_run.result(), gated_run.result()
             assert usage["completion_tokens"] == 300
             assert len(content) >= 250  # a chunk a token (a few tokens decode to no text)
             spreads.append((direct[-1] - direct[0], content[-1] - content[0]))
+            timings.append(
+                f"engine {direct[0] - began:.3f}–{direct[-1] - began:.3f} s, "
+                f"gate {content[0] - began:.3f}–{content[-1] - began:.3f} s"
+            )
         engine_spread, gate_spread = spreads[-1]
         assert compared() == before + len(spreads)  # each was counted exactly and compared
         assert abs(_gate_status(story)["last_count_error_ratio"]) <= 0.02, usage
@@ -313,8 +319,12 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
             # Open (docs/gate.md, "Not yet"): side by side with the engine's own stream of the
             # same request, the 2-core CI's gated stream came in one burst (0.75 s against
             # 1.3 ms); not reproduced on the simulator, nor yet explained.
+            # the times say which: a gated stream whose first content came after the engine's
+            # last had waited (admission, the count) and then came whole; one inside the
+            # engine's span was held back while the engine sent it
             pytest.xfail(
-                f"known, open: the gate bunched the engine's stream: (engine, gate) spreads {spreads} s"
+                f"known, open: the gate bunched the engine's stream: (engine, gate) spreads {spreads} s; "
+                f"content came: {'; '.join(timings)}; gate status {_gate_status(story)}"
             )
     finally:
         assert _limits(story, {"target_fraction": 0.9}).status_code == 200
