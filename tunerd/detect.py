@@ -18,6 +18,7 @@ generations (the store's rule).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import operator
@@ -107,9 +108,14 @@ def _rises(times: list[float], values: list[float], min_step: float) -> list[Ris
     """:func:`classify_rises` of present readings."""
     if len(values) < 2 or max(values) - min(values) < min_step:
         return []  # a window narrower than a step holds no rise
-    # No reading as far as ``min_step`` above the high-water mark before it (what a steady
-    # engine shows, tick after tick): no rise, found without a Python loop over the window
-    if max(map(operator.sub, values[1:], itertools.accumulate(values, max))) < min_step:
+    # No reading as far as ``min_step`` above the high-water mark before it, nor as far below
+    # it (what a steady engine shows, tick after tick): no rise, found without a Python loop
+    # over the window
+    highs = list(itertools.accumulate(values, max))
+    if (
+        max(map(operator.sub, values[1:], highs)) < min_step
+        and min(map(operator.sub, values, highs)) > -min_step
+    ):
         return []
     return _walk_rises(list(zip(times, values, strict=True)), min_step)
 
@@ -146,6 +152,11 @@ def _walk_rises(points: list[tuple[float, float]], min_step: float) -> list[Rise
             high = peak
             index += 1 + len(later)
             continue
+        if high - value >= min_step:
+            # a fall as far as a step: what the window began on was the top of a rise that
+            # came before it and falls back now — the settled level is here (otherwise every
+            # rectangle as tall as that one, later in the window, would go unseen)
+            high = value
         high = max(high, value)
         index += 1
     return rises
@@ -198,9 +209,8 @@ class Plateau:
     allocator keeps what a prefill took: what :func:`memory_ratchet` acts on); ``transient``: it
     fell back (below half its height) at ``end``; ``rising``: too fresh to tell. With it what
     was in flight — while a transient stood, or in a step's first :data:`STEP_IN_FLIGHT_S`: the
-    prompt tokens the engine
-    prefilled (its counter's increase), the most requests running, and — behind a gate — the
-    most prompt tokens in flight there and the longest prompt."""
+    prompt tokens the engine prefilled (its counter's increase), the most requests running, and
+    — behind a gate — the most prompt tokens in flight there and the longest prompt."""
 
     kind: str
     start: float
@@ -211,6 +221,7 @@ class Plateau:
     running: int | None
     gate_prompt_tokens_in_flight: int | None
     gate_longest_prompt: int | None
+    in_flight_until: float | None = None  # the in-flight figures are read from ``start`` to this
 
     @property
     def height_bytes(self) -> int:
@@ -233,6 +244,7 @@ class Plateau:
             "running": self.running,
             "gate_prompt_tokens_in_flight": self.gate_prompt_tokens_in_flight,
             "gate_longest_prompt": self.gate_longest_prompt,
+            "in_flight_until": self.in_flight_until,
         }
 
 
@@ -262,6 +274,7 @@ def plateaus(store: Store, scope: str, now: float) -> list[Plateau] | None:
                 running=_most(store, "num_requests_running", scope, now, span),
                 gate_prompt_tokens_in_flight=_most(store, "gate_in_flight_prompt_tokens", scope, now, span),
                 gate_longest_prompt=_most(store, "gate_longest_prompt_in_flight", scope, now, span),
+                in_flight_until=span[1],
             )
         )
     return found
@@ -272,13 +285,14 @@ def _between(
 ) -> list[tuple[float, float]]:
     """The present readings of ``signal`` around ``span`` (start, until) in the look-back: the
     last one before it, those within, the first one after — readings come a tick apart, and a
-    plateau of a few seconds may hold none of a slower series."""
+    plateau of a few seconds may hold none of a slower series. The look-back's readings are
+    gathered once a tick, each span found by bisection (a card drawing a rectangle every few
+    seconds has a hundred in ten minutes)."""
     start, until = span
-    times, values = store.points(signal, scope, now, RATCHET_LOOKBACK_S)
-    pairs = [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
-    first = next((i for i, (t, _) in enumerate(pairs) if t >= start), len(pairs))
-    last = next((i for i, (t, _) in enumerate(pairs) if t >= until), len(pairs) - 1)
-    return pairs[max(0, first - 1) : last + 1]
+    _, times, values = _points(store, signal, scope, now, RATCHET_LOOKBACK_S)
+    first = bisect.bisect_left(times, start)
+    last = min(bisect.bisect_left(times, until), len(times) - 1)
+    return list(zip(times[max(0, first - 1) : last + 1], values[max(0, first - 1) : last + 1], strict=True))
 
 
 def _increase(store: Store, signal: str, scope: str, now: float, span: tuple[float, float]) -> int | None:

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from tunerd.detect import STEP_IN_FLIGHT_S
 from tunerd.units import GIB
 
 if TYPE_CHECKING:  # types only: `tunerd status` renders without loading the policy engine
@@ -257,7 +256,9 @@ def _plateau_lines(plateaus: Sequence[Mapping[str, Any]] | None) -> list[str]:
             f"prefill plateau (memory_ratchet) +{_size(step.get('height_bytes'))} at "
             f"{_when(step.get('at'))}, {kept}"
         )
-        parts += _in_flight(step, f" in its first {STEP_IN_FLIGHT_S:.0f} s")
+        until, at = step.get("in_flight_until"), step.get("at")
+        read = until - at if isinstance(until, (int, float)) and isinstance(at, (int, float)) else 0.0
+        parts += _in_flight(step, f" in its first {_seconds(read)}" if read > 0 else " as it rose")
     if transients:
         tallest = max(transients, key=lambda p: p.get("height_bytes") or 0)
         more = f" (of {len(transients)})" if len(transients) > 1 else ""

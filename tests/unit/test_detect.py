@@ -295,3 +295,17 @@ def test_a_step_that_stays_quotes_what_was_in_flight_as_it_rose_not_since() -> N
     (plateau,) = detect.plateaus(store, "e", 59.0) or []
     assert (plateau.kind, plateau.start, plateau.end) == ("step", 3.0, None)
     assert plateau.prompt_tokens == 28_000 * 31  # from the reading before (t=2) to t=33
+
+
+def test_a_window_that_begins_on_a_plateaus_top_still_sees_the_later_ones() -> None:
+    """Rectangles of one height, a tick-moving window whose first reading is the top of one
+    (its rise before the window): the settled level is where it falls back to, and each later
+    rectangle is a transient still — before, the top was taken for the level and the window
+    saw none (found by timing the detector on a hundred rectangles)."""
+    gib = [20.5, 20.5, 20, 20, 20.5, 20.5, 20, 20, 20.5, 20.5, 20, 20]
+    times = [float(t) for t in range(len(gib))]
+    rises = _rises(times, [g * GIB for g in gib], 64 * MIB)
+    assert [(r.kind, r.start, r.end) for r in rises] == [("transient", 4.0, 6.0), ("transient", 8.0, 10.0)]
+    assert _rises(times, [g * GIB for g in gib], 64 * MIB) == _walk_rises(
+        list(zip(times, [g * GIB for g in gib], strict=True)), 64 * MIB
+    )

@@ -267,14 +267,18 @@ def test_the_prefill_plateau_is_on_the_screen_under_its_names() -> None:
         {**common, "kind": "transient", "at": 1795999500.0, "end": 1795999501.0, "height_bytes": 100 * 1024**2,
          "duration_s": 1.0, "prompt_tokens": 2000, "gate_prompt_tokens_in_flight": None},
         {**common, "kind": "step", "at": 1795999900.0, "end": None, "height_bytes": int(1.5 * GIB),
-         "duration_s": 100.0, "prompt_tokens": None, "gate_prompt_tokens_in_flight": None, "running": None},
+         "duration_s": 100.0, "prompt_tokens": 57344, "gate_prompt_tokens_in_flight": None, "running": 4,
+         "in_flight_until": 1795999930.0},
     ]  # fmt: skip
     lines = render({**STATUS, "engines": [engine]}).splitlines()
     start = next(n for n, line in enumerate(lines) if line.startswith("  plateaus  "))
     block = [lines[start], *(line for line in lines[start + 1 : start + 4] if line.startswith(" " * 12))]
     shown = " · ".join(line.strip() for line in block).removeprefix("plateaus  ")
     assert shown.startswith("prefill plateau (memory_ratchet) +1.5 GiB at ")
-    assert ", kept (the allocator holds it)" in shown
+    assert (
+        ", kept (the allocator holds it) · 57,344 prompt tokens prefilled in its first 30 s, 4 running"
+        in shown
+    )
     assert "transient (of 2) +300 MiB for 4.5 s at " in shown  # the tallest of the two
     assert ", fell back · 28,672 prompt tokens prefilled, 30,000 in flight at the gate, 3 running" in shown
     assert max(len(line) for line in lines) <= WIDTH
