@@ -241,8 +241,9 @@ def _plateau_lines(plateaus: Sequence[Mapping[str, Any]] | None) -> list[str]:
     """The seed's "prefill plateau" under vLLM's name: the latest rise that stayed (what the
     ``memory_ratchet`` policies act on) and the tallest that fell back, with what was in
     flight; "none" when the last ten minutes held none."""
-    if plateaus is None:
+    if not isinstance(plateaus, list):
         return []
+    plateaus = [p for p in plateaus if isinstance(p, dict)]  # the daemon's answer, read as any page
     head = "  plateaus  "
     if not plateaus:
         return _wrap(head, ["prefill plateau (memory_ratchet): none in the last 10 min"])
@@ -260,7 +261,7 @@ def _plateau_lines(plateaus: Sequence[Mapping[str, Any]] | None) -> list[str]:
         read = until - at if isinstance(until, (int, float)) and isinstance(at, (int, float)) else 0.0
         parts += _in_flight(step, f" in its first {_seconds(read)}" if read > 0 else " as it rose")
     if transients:
-        tallest = max(transients, key=lambda p: p.get("height_bytes") or 0)
+        tallest = max(transients, key=lambda p: _height(p.get("height_bytes")))
         more = f" (of {len(transients)})" if len(transients) > 1 else ""
         duration = tallest.get("duration_s")
         stood = f" for {_seconds(duration)}" if isinstance(duration, (int, float)) else ""
@@ -272,13 +273,19 @@ def _plateau_lines(plateaus: Sequence[Mapping[str, Any]] | None) -> list[str]:
     return _wrap(head, parts)
 
 
+def _height(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
 def _seconds(value: float) -> str:
     return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
 
 
 def _size(value: Any) -> str:
     """Bytes in MiB below a GiB, else GiB: a plateau's height."""
-    if isinstance(value, int) and abs(value) < GIB:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "?"
+    if abs(value) < GIB:
         return f"{value / 1024**2:.0f} MiB"
     return _gib(value)
 

@@ -285,3 +285,7 @@ def test_the_prefill_plateau_is_on_the_screen_under_its_names() -> None:
     quiet = render({**STATUS, "engines": [{**engine, "plateaus": []}]})
     assert "  plateaus  prefill plateau (memory_ratchet): none in the last 10 min" in quiet
     assert "plateau" not in render(STATUS)  # memory not read: nothing to say
+    # an answer of another shape (read as any page is): no crash, what is readable shown
+    odd = [{"kind": "transient", "height_bytes": "lots", "duration_s": "x", "at": None}, 7, "step"]
+    assert "transient +? at -, fell back" in render({**STATUS, "engines": [{**engine, "plateaus": odd}]})
+    assert "plateau" not in render({**STATUS, "engines": [{**engine, "plateaus": "lots"}]})
