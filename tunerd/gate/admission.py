@@ -147,6 +147,9 @@ class Admission:
     _since: float | None = None  # the first request: the drain rate's window starts no earlier
     #: waiting requests an offer let run besides its own (see :meth:`announce`)
     unannounced: list[Ticket] = field(default_factory=list)
+    # the running requests' need and long ones, kept as they change (a request reads them twice)
+    _running_need: int = 0
+    _running_long: int = 0
 
     # -- what is in flight -------------------------------------------------------------
     @property
@@ -158,7 +161,7 @@ class Admission:
 
     @property
     def in_flight_tokens(self) -> int:
-        return sum(t.need for t in self.running.values())
+        return self._running_need
 
     @property
     def queued_tokens(self) -> int:
@@ -166,7 +169,7 @@ class Admission:
 
     @property
     def long_running(self) -> int:
-        return sum(1 for t in self.running.values() if t.long)
+        return self._running_long
 
     def held(self, now: float) -> bool:
         return self.held_until is not None and now < self.held_until
@@ -184,6 +187,15 @@ class Admission:
                 return refused
             self._size(ticket, self.pool)
         ticket.deadline = now + self.limits.max_wait
+        if (
+            not self.queue
+            and self.pool is not None
+            and not self.held(now)
+            and not self._blocked_by_count(ticket)
+            and self._fits(ticket, 0)
+        ):  # nothing waits and it fits: what the pump would do, without the queue
+            self._run(ticket, now)
+            return Verdict("admitted", "long" if ticket.long else "short")
         ticket.state = "queued"
         self.queue.append(ticket)
         self._order()
@@ -226,17 +238,17 @@ class Admission:
         the gate asks before it spends a call on the exact count."""
         if self.held(now) or self.pool is None or self.queue:
             return False
-        probe = replace(ticket)
-        self._size(probe, self.pool)
+        need = need_tokens(ticket.prompt_tokens, ticket.max_tokens, self.pool)
         budget = self.budget
-        fits = budget is not None and self.in_flight_tokens + probe.need <= budget
-        return fits and not probe.long and not self._blocked_by_count(probe)
+        fits = budget is not None and self._running_need + need <= budget
+        cap = self.limits.max_concurrency
+        return fits and need < self.limits.long_threshold and not (cap and len(self.running) >= cap)
 
     def done(self, ticket: Ticket, now: float) -> list[Ticket]:
         """A request finished (answered, failed or cancelled): its need is free again. A
         queued one that is given up (the client went away) just leaves the queue."""
         if ticket.state == "admitted":
-            self.running.pop(ticket.id, None)
+            self._unrun(ticket)
             self._finished.append((now, ticket.need))
         elif ticket.state == "queued" and ticket in self.queue:
             self.queue.remove(ticket)
@@ -248,7 +260,7 @@ class Admission:
         """An admitted request the engine could not take (it is down): back to the head of
         its priority, to wait for the engine like a held one. Its deadline stands."""
         if ticket.state == "admitted":
-            self.running.pop(ticket.id, None)
+            self._unrun(ticket)
         ticket.state = "queued"
         ticket.admitted_at = None
         self.queue.append(ticket)
@@ -396,8 +408,28 @@ class Admission:
         self.queue.sort(key=lambda t: (-t.priority, t.arrival, t.id))
 
     def _size(self, ticket: Ticket, pool: Pool) -> None:
+        running = self.running.get(ticket.id) is ticket
+        if running:
+            self._running_need -= ticket.need
+            self._running_long -= ticket.long
         ticket.need = need_tokens(ticket.prompt_tokens, ticket.max_tokens, pool)
         ticket.long = ticket.need >= self.limits.long_threshold
+        if running:
+            self._running_need += ticket.need
+            self._running_long += ticket.long
+
+    def _run(self, ticket: Ticket, now: float) -> None:
+        ticket.state = "admitted"
+        ticket.admitted_at = now
+        self.running[ticket.id] = ticket
+        self._running_need += ticket.need
+        self._running_long += ticket.long
+        self._count("admitted", "long" if ticket.long else "short")
+
+    def _unrun(self, ticket: Ticket) -> None:
+        if self.running.pop(ticket.id, None) is ticket:
+            self._running_need -= ticket.need
+            self._running_long -= ticket.long
 
     def _too_large(self, ticket: Ticket, pool: Pool) -> Verdict | None:
         if not ticket.exact:
@@ -457,13 +489,10 @@ class Admission:
                 continue
             if self._fits(ticket, reserved, in_flight):
                 self.queue.remove(ticket)
-                ticket.state = "admitted"
-                ticket.admitted_at = now
-                self.running[ticket.id] = ticket
+                self._run(ticket, now)
                 admitted.append(ticket)
                 in_flight += ticket.need
                 long_running += ticket.long
-                self._count("admitted", "long" if ticket.long else "short")
             elif reserved == 0:
                 reserved = ticket.need  # the first that waits for room: nothing may delay it
         return admitted

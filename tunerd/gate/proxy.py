@@ -18,7 +18,11 @@ The engine's pool (``num_gpu_blocks × block_size``, from ``vllm:cache_config_in
 engine comes back. The gate's own metrics are at ``/gate/metrics`` on each listener and at
 ``/metrics`` on the control socket.
 
-aiohttp serves and forwards: docs/gate.md has the measurement it was chosen by.
+The clients' requests travel on the gate's own HTTP/1.1 data path (:mod:`tunerd.gate.wire` on
+:mod:`tunerd.gate.h1`): asyncio's transports, the answer's bytes piped from the engine's
+connection to the client's as they come. aiohttp serves the control socket and makes the gate's
+own calls (the pool, ``/tokenize``). docs/gate.md has the measurements the data path was built
+by.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ import itertools
 import json
 import os
 import signal
+import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -51,19 +57,23 @@ from tunerd.gate.counting import (
     tokenize_count,
     usage_prompt_tokens,
 )
+from tunerd.gate.h1 import forward_head, request_bytes
+from tunerd.gate.wire import (
+    ClientConnection,
+    ClientRequest,
+    EngineConnection,
+    EngineDropped,
+    EngineError,
+    EnginePool,
+    EngineRefused,
+    Listener,
+)
 from tunerd.logs import say
 from tunerd.sdnotify import Notifier
 from tunerd.sources.vllm_metrics import parse
 
 __all__ = ["EngineGate", "GateServer", "limits_of", "run_gate"]
 
-# Hop-by-hop headers (RFC 9110 §7.6.1) and those the gate recomputes: never forwarded.
-HOP_HEADERS = frozenset(
-    {
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-        "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
-    }
-)  # fmt: skip
 REFRESH_S = 5.0  # the pool and max_model_len are read this often while the engine answers
 DOWN_REFRESH_S = 0.25  # and this often while it does not
 TICK_S = 0.05  # how often waits are checked against their deadlines
@@ -73,9 +83,9 @@ REFINE_ABOVE = 0.5  # a bound is counted exactly once the needs in flight pass t
 COUNT_SAMPLE_S = 1.0  # and one bound a second, to keep the count's error measured
 TAIL_BYTES = 8192  # what of a stream is kept to find its usage event
 HELD_BACK_BYTES = 65536  # a stream's start held back until its first token, at most this much
-BODY_TIMEOUT_S = 30.0  # a client has this long to send its body (slowloris)
 UPSTREAM_READ_S = 600.0  # the engine may be silent this long mid-answer (a long prefill)
 DRAIN_S = 30.0  # SIGTERM: requests in flight may finish for this long
+SWEEP_S = 1.0  # the data path's deadlines are checked this often
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -94,25 +104,24 @@ def limits_of(config: GateConfig) -> Limits:
     )
 
 
-def _error(status: int, message: str, kind: str, retry_after: int | None = None) -> web.Response:
+def _error_body(status: int, message: str, kind: str) -> bytes:
     """An answer of the gate's own, shaped as vLLM's errors are (OpenAI's ``error`` object)."""
-    headers = {"X-Tunerd-Gate": "1"}
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
+
+
+def _send_error(
+    client: ClientConnection, status: int, message: str, kind: str, retry_after: int | None = None
+) -> None:
+    headers = [("content-type", "application/json"), ("x-tunerd-gate", "1")]
     if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
+        headers.append(("retry-after", str(retry_after)))
+    client.send(status, headers, _error_body(status, message, kind))
 
 
-def _verdict_answer(verdict: Verdict) -> web.Response:
+def _send_verdict(client: ClientConnection, verdict: Verdict) -> None:
     kinds = {400: "BadRequestError", 429: "RateLimitError", 503: "ServiceUnavailableError"}
     status = verdict.status or 503
-    return _error(status, verdict.message, kinds.get(status, "GateError"), verdict.retry_after)
-
-
-def _forwarded(headers: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
-    for key, value in headers:
-        if key.lower() not in HOP_HEADERS:
-            yield key, value
+    _send_error(client, status, verdict.message, kinds.get(status, "GateError"), verdict.retry_after)
 
 
 @dataclass
@@ -140,8 +149,20 @@ class EngineGate:
         self.engine_up: bool | None = None  # None: not asked yet
         self.ids = itertools.count(1)
         self.sampled_at = -COUNT_SAMPLE_S  # when a bound was last counted exactly to measure the count
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # the gate's own calls: pool, /tokenize
+        parts = urlsplit(self.url)
+        secure = parts.scheme == "https"
+        self.engine = EnginePool(  # the clients' requests go on these
+            parts.hostname or "127.0.0.1",
+            parts.port or (443 if secure else 80),
+            connect_s=CONTROL_TIMEOUT_S,
+            read_s=UPSTREAM_READ_S,
+            ssl=ssl.create_default_context() if secure else None,
+        )
+        self.prefix = parts.path.rstrip("/")
+        self._priority_header = config.priority_header.lower()
         self.address: str | None = None
+        self.listener: Listener | None = None
         self.wakeup = asyncio.Event()  # set when the engine should be read again at once
         self.wait_seconds = Histogram(
             "tunerd_gate_wait_seconds", "Time requests waited at the gate before they ran.",
@@ -271,44 +292,33 @@ class EngineGate:
         }
 
     # -- requests ----------------------------------------------------------------------
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        path = request.path
+    async def handle(self, request: ClientRequest, client: ClientConnection) -> None:
+        """One whole request from a client (the listener's handler)."""
+        head = request.head
+        path = head.path
         if path == "/gate/metrics":
-            return web.Response(body=generate_latest(self.registry()), content_type="text/plain")
-        endpoint = ENDPOINTS.get(path.rstrip("/")) if request.method == "POST" else None
+            page = generate_latest(self.registry())
+            client.send(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")], page)
+            return
+        endpoint = ENDPOINTS.get(path.rstrip("/")) if head.method == "POST" else None
         if endpoint is not None:
-            return await self._gated(request, endpoint)
-        try:
-            body = await self._body(request)
-        except (web.HTTPRequestEntityTooLarge, TimeoutError) as error:
-            return self._body_refused(error)
-        return await self._pass(request, body, time.perf_counter(), None)
+            await self._gated(request, client, endpoint)
+            return
+        await self._pass(request, client, None)
 
-    def _body_refused(self, error: Exception) -> web.Response:
-        """413 for a body over ``max_body``, 408 for one that did not arrive in time."""
-        if isinstance(error, web.HTTPRequestEntityTooLarge):
-            return _error(
-                413,
-                f"the request body is larger than the gate's max_body of {self.config.max_body:,} bytes",
-                "BadRequestError",
-            )
-        return _error(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s", "BadRequestError")
+    def failed(self, error: Exception) -> None:
+        """A request the gate itself failed on (a bug): said, answered 500, the gate serves on."""
+        say("gate_request_failed", engine=self.name, error=f"{type(error).__name__}: {error}"[:500])
 
-    async def _body(self, request: web.Request) -> bytes:
-        """The whole body; a client that has not sent it within ``BODY_TIMEOUT_S`` gets 408
-        (a body already received — the usual case — is read without a timer)."""
-        if request.content.is_eof():
-            return await request.read()
-        return await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    def too_large(self) -> bytes:
+        """The body of the 413 a request over ``max_body`` gets."""
+        message = f"the request body is larger than the gate's max_body of {self.config.max_body:,} bytes"
+        return _error_body(413, message, "BadRequestError")
 
-    async def _gated(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        started = time.perf_counter()
+    async def _gated(self, request: ClientRequest, client: ClientConnection, endpoint: str) -> None:
+        started = request.received
         try:
-            raw = await self._body(request)
-        except (web.HTTPRequestEntityTooLarge, TimeoutError) as error:
-            return self._body_refused(error)
-        try:
-            body = json.loads(raw)
+            body = json.loads(request.body)
             if not isinstance(body, dict):
                 raise CountError("the body must be a JSON object")
             plan = count_plan(endpoint, body)  # type: ignore[arg-type]
@@ -316,7 +326,8 @@ class EngineGate:
         except (ValueError, RecursionError) as error:  # JSONDecodeError and CountError are ValueErrors
             reason = f"malformed JSON: {error}" if isinstance(error, json.JSONDecodeError) else str(error)
             self.admission.counts[("rejected", "malformed")] += 1
-            return _error(400, reason, "BadRequestError")
+            _send_error(client, 400, reason, "BadRequestError")
+            return
         ticket = Ticket(
             id=next(self.ids),
             prompt_tokens=plan.exact if plan.exact is not None else plan.bound,
@@ -350,11 +361,13 @@ class EngineGate:
                     verdict = await self._wait(ticket)
                     waited += time.perf_counter() - queued_at
                 if verdict.outcome != "admitted":
-                    return _verdict_answer(verdict)
+                    _send_verdict(client, verdict)
+                    return
                 self._waited.observe(waited)
                 self._added.observe(counted - started)
                 try:
-                    return await self._pass(request, raw, started, ticket, stream=plan.stream)
+                    await self._pass(request, client, ticket, stream=plan.stream)
+                    return
                 except _EngineRefused:  # nothing was sent: wait for the engine, then try again
                     self.admission.requeue(ticket, self.monotonic())
                     self._engine_down()
@@ -376,8 +389,8 @@ class EngineGate:
         bound = need_tokens(ticket.prompt_tokens, ticket.max_tokens, pool) if pool is not None else 0
         return self.admission.in_flight_tokens + bound > budget * REFINE_ABOVE
 
-    def _priority(self, request: web.Request) -> int:
-        value = request.headers.get(self.config.priority_header)
+    def _priority(self, request: ClientRequest) -> int:
+        value = request.head.header(self._priority_header)
         if value is None:
             return 0
         try:
@@ -414,107 +427,107 @@ class EngineGate:
         if count is not None and ticket.state in {"queued", "admitted"}:
             self._wake(self.admission.count_exact(ticket, count, self.monotonic()))
 
+    async def _send(self, request: ClientRequest, ticket: Ticket | None) -> EngineConnection:
+        """The request sent to the engine, its answer's head in: a connection the engine
+        closed before any byte of answer is asked once more (a busy vLLM does, now and then: a
+        pooled connection it had dropped, or a reset); nothing of it reached the client."""
+        data = request_bytes(request.head, self.engine.authority, request.body, prefix=self.prefix)
+        for attempt in range(2):
+            connection = await self.engine.connect()  # EngineRefused: nothing was sent
+            try:
+                await connection.send(data, request.head.method)
+                return connection
+            except EngineDropped:
+                connection.release()
+                if attempt or self._cut_by_hold(ticket):
+                    raise
+                self.admission.counts[("retried", "engine_gave_no_answer")] += 1
+            except BaseException:
+                connection.release()
+                raise
+        raise AssertionError("unreachable")
+
     async def _pass(
         self,
-        request: web.Request,
-        body: bytes,
-        started: float,
+        request: ClientRequest,
+        client: ClientConnection,
         ticket: Ticket | None,
         *,
         stream: bool = False,
-    ) -> web.StreamResponse:
+    ) -> None:
         """Forward ``request`` to the engine and its answer back, streamed as it comes."""
-        assert self.session is not None
-        url = f"{self.url}{request.rel_url}"
-        headers = list(_forwarded(request.headers.items()))
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONTROL_TIMEOUT_S, sock_read=UPSTREAM_READ_S)
         try:
-            for attempt in range(2):
-                upstream_cm = self.session.request(
-                    request.method,
-                    url,
-                    data=body or None,
-                    headers=headers,
-                    timeout=timeout,
-                    allow_redirects=False,
-                )
-                try:
-                    upstream = await upstream_cm.__aenter__()
-                    break
-                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
-                    # the engine closed the connection before any answer (a busy vLLM does, now
-                    # and then: a pooled connection it had dropped, or a reset): nothing of it
-                    # reached the client, so the gate asks once more rather than fail it
-                    if (
-                        attempt
-                        or isinstance(error, aiohttp.ClientConnectorError)
-                        or self._cut_by_hold(ticket)
-                    ):
-                        raise
-                    self.admission.counts[("retried", "engine_gave_no_answer")] += 1
-        except aiohttp.ClientConnectorError as error:
+            connection = await self._send(request, ticket)
+        except EngineRefused as error:
             if ticket is None:
-                return _error(
-                    502, f"the engine at {self.url} is not answering: {error.os_error}", "BadGatewayError"
+                _send_error(
+                    client, 502, f"the engine at {self.url} is not answering: {error}", "BadGatewayError"
                 )
+                return
             raise _EngineRefused from error
-        except (aiohttp.ClientError, TimeoutError) as error:
+        except EngineError as error:
             if self._cut_by_hold(ticket):
                 raise _EngineRefused from error  # cut off by the restart the gate holds for: not served
-            return _error(
-                502, f"the engine at {self.url} gave no answer: {type(error).__name__}", "BadGatewayError"
-            )
-        if upstream.status == 503 and ticket is not None and self.admission.held(self.monotonic()):
+            _send_error(client, 502, f"the engine at {self.url} gave no answer: {error}", "BadGatewayError")
+            return
+        try:
+            await self._answer_from(connection, request, client, ticket, stream)
+        except EngineError:
+            client.abort()  # the engine broke off mid-answer: so does the gate
+        finally:
+            connection.release()
+
+    async def _answer_from(
+        self,
+        connection: EngineConnection,
+        request: ClientRequest,
+        client: ClientConnection,
+        ticket: Ticket | None,
+        stream: bool,
+    ) -> None:
+        answer = connection.response
+        assert answer is not None
+        if answer.status == 503 and ticket is not None and self.admission.held(self.monotonic()):
             # admitted just before the hold, arrived after the SIGTERM: vLLM refused it
             # ("shutting down") without running it; it waits for the new engine instead
-            await upstream_cm.__aexit__(None, None, None)
             raise _EngineRefused
-        try:
-            answer_headers = list(_forwarded(upstream.headers.items()))
-            kind = upstream.headers.get("Content-Type", "")
-            length = upstream.content_length
-            if length is not None and length <= SMALL_ANSWER and "text/event-stream" not in kind:
-                data = await upstream.read()
-                if upstream.status == 200 and self._cut_by_hold(ticket) and not _has_tokens(data, plain=True):
-                    raise _EngineRefused  # the drain answered it with nothing: it waits for the new engine
-                if ticket is not None and ticket.exact and upstream.status == 200:
-                    with contextlib.suppress(ValueError):
-                        self._usage(ticket, usage_prompt_tokens(json.loads(data)))
-                return web.Response(body=data, status=upstream.status, headers=answer_headers)
-            response = web.StreamResponse(status=upstream.status, headers=answer_headers)
-            if length is not None:
-                response.content_length = length
-            chunks = upstream.content.iter_any()
-            first: list[bytes] = []
-            if ticket is not None and upstream.status == 200 and "text/event-stream" in kind:
-                # the answer's start is held back until it carries a token: a stream the engine's
-                # drain ends with none (vLLM aborts what it had only just taken in) is not served
-                # half — nothing has reached the client, so it waits for the new engine
-                async for chunk in chunks:
-                    first.append(chunk)
-                    if _has_tokens(b"".join(first)) or sum(map(len, first)) > HELD_BACK_BYTES:
-                        break
-                else:
-                    if self._cut_by_hold(ticket):
-                        raise _EngineRefused
-            await response.prepare(request)
-            tail = b"".join(first)[-TAIL_BYTES:]
-            for chunk in first:
-                await response.write(chunk)
-            async for chunk in chunks:
-                await response.write(chunk)
-                if ticket is not None:
-                    tail = (tail + chunk)[-TAIL_BYTES:]
-            await response.write_eof()
-            if ticket is not None and ticket.exact and stream:
-                self._usage(ticket, stream_usage(tail))
-            return response
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, TimeoutError):
-            if request.transport is not None:
-                request.transport.close()  # the engine broke off mid-answer: so does the gate
-            raise
-        finally:
-            await upstream_cm.__aexit__(None, None, None)
+        events = "text/event-stream" in answer.content_type
+        if answer.length is not None and answer.length <= SMALL_ANSWER and not events:
+            data = await connection.read(SMALL_ANSWER)
+            if answer.status == 200 and self._cut_by_hold(ticket) and not _has_tokens(data, plain=True):
+                raise _EngineRefused  # the drain answered it with nothing: it waits for the new engine
+            if ticket is not None and ticket.exact and answer.status == 200:
+                with contextlib.suppress(ValueError):
+                    self._usage(ticket, usage_prompt_tokens(json.loads(data)))
+            client.start(forward_head(answer, length=len(data), close=not client.keep) + data)
+            return
+        # a gated stream's start is held back until it carries a token: a stream the engine's
+        # drain ends with none (vLLM aborts what it had only just taken in) is not served
+        # half — nothing has reached the client, so it waits for the new engine
+        if (
+            ticket is not None
+            and answer.status == 200
+            and events
+            and not await connection.hold_back(_has_tokens, HELD_BACK_BYTES)
+            and self._cut_by_hold(ticket)
+        ):
+            raise _EngineRefused
+        # the body as it comes: its own framing kept where the client can read it (HTTP/1.1
+        # and a length or chunks), else its content until the connection closes
+        verbatim = not answer.until_close and (request.head.version >= 11 or not answer.chunked)
+        if not verbatim:
+            client.keep = False
+        head = forward_head(
+            answer,
+            length=answer.length if verbatim else None,
+            chunked=answer.chunked and verbatim,
+            close=not client.keep,
+        )
+        client.start(head)
+        keep_tail = TAIL_BYTES if ticket is not None and ticket.exact and stream else 0
+        await connection.pipe(client, dechunk=not verbatim, tail=keep_tail)
+        if keep_tail:
+            self._usage(ticket, stream_usage(connection.tail))  # type: ignore[arg-type]
 
     def _cut_by_hold(self, ticket: Ticket | None) -> bool:
         """A gated request the engine failed while the gate holds for its restart."""
@@ -663,22 +676,22 @@ class GateServer:
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False)
         for gate in self.gates.values():
             gate.session = self.session
-            assert gate.config is not None
-            app = web.Application(client_max_size=gate.config.max_body)
-            app.router.add_route("*", "/{tail:.*}", gate.handle)
-            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-            await runner.setup()
+            listener = Listener(
+                gate.handle,
+                max_body=gate.config.max_body,
+                too_large=gate.too_large,
+                on_error=gate.failed,
+            )
             host, _, port = gate.config.listen.rpartition(":")
-            site = web.TCPSite(runner, host.strip("[]"), int(port), backlog=1024, reuse_address=True)
-            await site.start()
-            self.runners.append(runner)
-            address = runner.addresses[0]
+            address = await listener.listen(host.strip("[]"), int(port))
+            gate.listener = listener
             gate.address = (
                 f"{address[0]}:{address[1]}" if ":" not in address[0] else f"[{address[0]}]:{address[1]}"
             )
             say("gate_listening", engine=gate.name, address=gate.address, upstream=gate.url)
             self.tasks.append(asyncio.create_task(gate.watch_engine()))
         self.tasks.append(asyncio.create_task(self._ticker()))
+        self.tasks.append(asyncio.create_task(self._sweeper()))
         await self._control()
 
     async def _control(self) -> None:
@@ -704,6 +717,17 @@ class GateServer:
             await asyncio.sleep(TICK_S)
             for gate in self.gates.values():
                 gate.tick()
+
+    async def _sweeper(self) -> None:
+        """The data path's deadlines, once a second (wire.py): slow clients, idle connections,
+        an engine silent mid-answer."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.monotonic()
+            for gate in self.gates.values():
+                if gate.listener is not None:
+                    gate.listener.sweep(now)
+                gate.engine.sweep(now)
 
     def _gate(self, request: web.Request) -> EngineGate:
         name = request.match_info["engine"]
@@ -772,13 +796,23 @@ class GateServer:
 
     async def stop(self, drain: float = DRAIN_S) -> None:
         """Stop listening, let requests in flight finish for up to ``drain`` seconds, close."""
+        listeners = [gate.listener for gate in self.gates.values() if gate.listener is not None]
+        for listener in listeners:
+            listener.stop_listening()
+            listener.close_idle()
         for runner in self.runners:
             await runner.shutdown()
         deadline = time.monotonic() + drain
-        while any(gate.admission.running for gate in self.gates.values()) and time.monotonic() < deadline:
+        while any(listener.busy() for listener in listeners) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+            for listener in listeners:
+                listener.close_idle()  # a keep-alive connection whose answer just ended
         for task in self.tasks:
             task.cancel()
+        for listener in listeners:
+            listener.close_all()
+        for gate in self.gates.values():
+            gate.engine.close()
         for runner in self.runners:
             await runner.cleanup()
         if self.session is not None:
