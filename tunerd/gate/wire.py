@@ -567,6 +567,7 @@ class ClientConnection(asyncio.Protocol):
             self.keep = False
         finally:
             self.task = None
+            self.last_seen = time.monotonic()  # idle from the answer's end, not the request's
             if not self.keep or self.closed:
                 self.close()
             else:

@@ -536,3 +536,21 @@ def test_a_pooled_connection_is_reused_and_one_the_engine_closes_unanswered_read
 
 async def _close(request: bytes, writer: asyncio.StreamWriter) -> None:
     writer.close()
+
+
+def test_a_connection_is_idle_from_the_end_of_its_answer_not_from_its_request() -> None:
+    async def scenario() -> None:
+        async def slow(request: bytes, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(0.5)  # a long answer (a stream of minutes, in short)
+            await plain()(request, writer)
+
+        async with world(slow) as w:
+            reader, writer = await w.connect()
+            writer.write(post(b"{}"))
+            await read_answer(reader)
+            w.sweep(IDLE_S - 0.3)  # idle since the answer: not yet IDLE_S; since the request: past it
+            writer.write(post(b"{}"))  # so the client's next request finds it open
+            assert (await read_answer(reader))[0] == 200
+            writer.close()
+
+    run(scenario())
