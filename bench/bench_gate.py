@@ -6,7 +6,9 @@ simulator at a high time scale — and measures, against the same upstream reach
 
 - added latency: one client, sequential requests; p50 and p99 of the gate's minus direct's;
 - throughput: 64 concurrent keep-alive clients, plain and streamed answers; requests per
-  second through the gate over direct.
+  second through the gate over direct, and what a request cost in CPU (µs, from Linux's
+  /proc) the gate and the upstream: the three processes share the machine's cores, so the
+  gate's CPU a request against the upstream's and the load's is what the ratio comes to.
 
 Rounds alternate direct and gated so drift hits both; medians over rounds are reported.
 ``--stacks`` instead compares the candidate async HTTP stacks with the same minimal proxy on
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,29 +84,41 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """The user and system seconds process ``pid`` has used (Linux's /proc; 0 without one)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(
-    targets: dict[str, str], rounds: int, sequential: int, concurrent: int
+    targets: dict[str, tuple[str, int | None]],
+    upstream_pid: int,
+    rounds: int,
+    sequential: int,
+    concurrent: int,
 ) -> dict[str, dict[str, float]]:
-    """Per target: p50/p99 latency (one client) and requests/s at 64 clients, plain and
-    streamed; medians over ``rounds`` rounds that alternate the targets."""
+    """Per target (URL, the proxy's pid or None): p50/p99 latency (one client), requests/s at 64
+    clients plain and streamed, and the CPU a request cost the proxy and the upstream there;
+    medians over ``rounds`` rounds that alternate the targets."""
     seen: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
     for round_number in range(rounds):
-        for name, url in targets.items():
+        for name, (url, pid) in targets.items():
             load(url, 4, 200, False)  # warm the connections
             one = load(url, 1, sequential, False)["latencies"]
-            plain = load(url, 64, concurrent, False)
-            stream = load(url, 64, concurrent, True)
-            figures = {
-                "p50_ms": quantile(one, 0.5) * 1000,
-                "p99_ms": quantile(one, 0.99) * 1000,
-                "plain_rps": concurrent / plain["wall"],
-                "stream_rps": concurrent / stream["wall"],
-            }
+            figures = {"p50_ms": quantile(one, 0.5) * 1000, "p99_ms": quantile(one, 0.99) * 1000}
+            for kind in ("plain", "stream"):
+                before = cpu_seconds(pid), cpu_seconds(upstream_pid)
+                wall = load(url, 64, concurrent, kind == "stream")["wall"]
+                figures[f"{kind}_rps"] = concurrent / wall
+                figures[f"{kind}_proxy_us"] = (cpu_seconds(pid) - before[0]) / concurrent * 1e6
+                figures[f"{kind}_upstream_us"] = (cpu_seconds(upstream_pid) - before[1]) / concurrent * 1e6
             for key, value in figures.items():
                 seen[name].setdefault(key, []).append(value)
             print(
                 f"  round {round_number + 1} {name:24} "
-                + "  ".join(f"{k} {v:8.2f}" for k, v in figures.items())
+                + "  ".join(f"{k} {v:8.2f}" for k, v in figures.items() if not k.endswith("_us"))
             )
     return {name: {key: statistics.median(values) for key, values in by.items()} for name, by in seen.items()}
 
@@ -152,12 +167,14 @@ def bench_gate(rounds: int) -> None:
     for label, command in upstreams.items():
         port = free_port()
         direct = f"http://127.0.0.1:{port}"
-        with tempfile.TemporaryDirectory() as folder, process(command(port), f"{direct}/health"):
+        with tempfile.TemporaryDirectory() as folder, process(command(port), f"{direct}/health") as upstream:
             config, gated, control = gate_config(Path(folder), direct)
-            with process([*TUNERD, "gate", "--config", str(config)], f"{gated}/health"):
+            with process([*TUNERD, "gate", "--config", str(config)], f"{gated}/health") as gate:
                 wait_gate_ready(control)
                 print(f"{label} upstream: direct {direct}, through the gate {gated}")
-                found = measure({"direct": direct, "gate": gated}, rounds, 400, 2000)
+                found = measure(
+                    {"direct": (direct, None), "gate": (gated, gate.pid)}, upstream.pid, rounds, 400, 2000
+                )
         d, g = found["direct"], found["gate"]
         p50, p99 = g["p50_ms"] - d["p50_ms"], g["p99_ms"] - d["p99_ms"]
         print(f"  medians: direct {d}\n           gate   {g}")
@@ -165,17 +182,27 @@ def bench_gate(rounds: int) -> None:
         figure(f"gate added latency p99 ({label})", f"{p99:.2f} ms", "≤ 5 ms", p99 <= 5.0)
         for kind in ("plain", "stream"):
             ratio = g[f"{kind}_rps"] / d[f"{kind}_rps"]
+            print(
+                f"  {kind}: the gate's CPU {g[f'{kind}_proxy_us']:.0f} µs a request, the upstream's "
+                f"{d[f'{kind}_upstream_us']:.0f} µs direct"
+            )
             figure(f"gate throughput, 64 clients, {kind} ({label})", f"{ratio:.0%}", "≥ 90%", ratio >= 0.9)
 
 
 def bench_stacks(rounds: int) -> None:
     port = free_port()
     direct = f"http://127.0.0.1:{port}"
-    candidates = ["proxy-splice", "proxy-aiohttp", "proxy-uvicorn-aiohttp", "proxy-uvicorn-httpx"]
+    candidates = [
+        "proxy-splice",
+        "proxy-protocols",
+        "proxy-aiohttp",
+        "proxy-uvicorn-aiohttp",
+        "proxy-uvicorn-httpx",
+    ]
     if importlib.util.find_spec("uvicorn") is None:  # not a dependency: the rest without it
         candidates = [c for c in candidates if "uvicorn" not in c]
-    with process([*PEERS, "upstream", str(port)], f"{direct}/health"):
-        targets = {"direct": direct}
+    with process([*PEERS, "upstream", str(port)], f"{direct}/health") as upstream:
+        targets: dict[str, tuple[str, int | None]] = {"direct": (direct, None)}
         opened = []
         try:
             for candidate in candidates:
@@ -183,15 +210,18 @@ def bench_stacks(rounds: int) -> None:
                 context = process(
                     [*PEERS, candidate, str(proxy_port), direct], f"http://127.0.0.1:{proxy_port}/health"
                 )
-                context.__enter__()
+                started = context.__enter__()
                 opened.append(context)
-                targets[candidate] = f"http://127.0.0.1:{proxy_port}"
-            found = measure(targets, rounds, 400, 2000)
+                targets[candidate] = (f"http://127.0.0.1:{proxy_port}", started.pid)
+            found = measure(targets, upstream.pid, rounds, 400, 2000)
         finally:
             for context in opened:
                 context.__exit__(None, None, None)
     d = found["direct"]
-    print("\nstack                   added p50  added p99  plain rps (of direct)  stream rps (of direct)")
+    print(
+        "\nstack                   added p50  added p99  plain rps (of direct)  stream rps (of direct)"
+        "  CPU a request, plain/stream"
+    )
     for name, f in found.items():
         if name == "direct":
             continue
@@ -199,9 +229,11 @@ def bench_stacks(rounds: int) -> None:
             f"{name:22} {f['p50_ms'] - d['p50_ms']:8.2f} ms {f['p99_ms'] - d['p99_ms']:8.2f} ms"
             f"  {f['plain_rps']:7.0f} ({f['plain_rps'] / d['plain_rps']:4.0%})"
             f"        {f['stream_rps']:7.0f} ({f['stream_rps'] / d['stream_rps']:4.0%})"
+            f"        {f['plain_proxy_us']:4.0f} / {f['stream_proxy_us']:4.0f} µs"
         )
     print(f"direct                 p50 {d['p50_ms']:.2f} ms, p99 {d['p99_ms']:.2f} ms, "
-          f"plain {d['plain_rps']:.0f}/s, stream {d['stream_rps']:.0f}/s")  # fmt: skip
+          f"plain {d['plain_rps']:.0f}/s, stream {d['stream_rps']:.0f}/s; the upstream's CPU a request "
+          f"{d['plain_upstream_us']:.0f} / {d['stream_upstream_us']:.0f} µs")  # fmt: skip
 
 
 def main() -> None:

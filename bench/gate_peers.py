@@ -9,6 +9,8 @@
   chunk) on each candidate stack, for the choice of stack (docs/gate.md);
 - ``proxy-splice PORT UPSTREAM``: no HTTP at all, each connection spliced to one upstream
   connection and bytes pumped both ways — the floor any proxy written in Python stands on;
+- ``proxy-protocols PORT UPSTREAM``: the same minimal proxy on the gate's own data path
+  (``tunerd.gate.wire``: asyncio's transports, its own HTTP/1.1 reading), no admission;
 - ``load URL CLIENTS REQUESTS STREAM``: CLIENTS concurrent keep-alive clients sending
   REQUESTS requests in all; prints one JSON line: each request's latency and the wall time.
 
@@ -225,6 +227,43 @@ def proxy_splice(port: int, target: str) -> None:
     asyncio.run(serve())
 
 
+def proxy_protocols(port: int, target: str) -> None:
+    """The minimal proxy on tunerd's own data path: small answers read whole, the rest piped."""
+    from tunerd.gate.h1 import forward_head, request_bytes  # noqa: PLC0415 (only this candidate)
+    from tunerd.gate.wire import ClientConnection, ClientRequest, EngineError, EnginePool, Listener  # noqa: PLC0415
+
+    host, upstream_port = target.removeprefix("http://").rsplit(":", 1)
+    pool = EnginePool(host, int(upstream_port))
+
+    async def forward(request: ClientRequest, client: ClientConnection) -> None:
+        try:
+            connection = await pool.connect()
+        except EngineError:
+            client.send(502, [], b"")
+            return
+        try:
+            answer = await connection.send(
+                request_bytes(request.head, pool.authority, request.body), request.head.method
+            )
+            if answer.length is not None and answer.length <= 1 << 20:
+                data = await connection.read(1 << 20)
+                client.start(forward_head(answer, length=len(data), close=not client.keep) + data)
+                return
+            client.start(forward_head(answer, length=answer.length, chunked=answer.chunked))
+            await connection.pipe(client, dechunk=False)
+        except EngineError:
+            client.abort()
+        finally:
+            connection.release()
+
+    async def serve() -> None:
+        listener = Listener(forward, max_body=64 << 20, too_large=lambda: b"", on_error=print)
+        await listener.listen("127.0.0.1", port)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
 def proxy_uvicorn(port: int, target: str, client: str) -> None:
     import uvicorn  # noqa: PLC0415 (only this candidate needs it)
 
@@ -270,6 +309,8 @@ def main(argv: list[str]) -> None:
         proxy_aiohttp(int(argv[1]), argv[2])
     elif command == "proxy-splice":
         proxy_splice(int(argv[1]), argv[2])
+    elif command == "proxy-protocols":
+        proxy_protocols(int(argv[1]), argv[2])
     elif command in ("proxy-uvicorn-httpx", "proxy-uvicorn-aiohttp"):
         proxy_uvicorn(int(argv[1]), argv[2], command.rsplit("-", 1)[1])
     elif command == "load":

@@ -316,9 +316,9 @@ def test_the_gate_streams_a_chat_answer_and_counts_its_prompt_as_the_engine_does
                 f"the engine itself sent each stream in one burst ({spreads} s): not judged", stacklevel=1
             )
         elif not gate_spread > 0.5 * engine_spread:
-            # Open (docs/gate.md, "Not yet"): side by side with the engine's own stream of the
-            # same request, the 2-core CI's gated stream came in one burst (0.75 s against
-            # 1.3 ms); not reproduced on the simulator, nor yet explained.
+            # Watched (docs/gate.md, "Not yet"): side by side with the engine's own stream of the
+            # same request, the 2-core CI's gated stream once came in one burst (0.75 s against
+            # 1.3 ms), on aiohttp's data path since replaced; never reproduced here.
             # the times say which: a gated stream whose first content came after the engine's
             # last had waited (admission, the count) and then came whole; one inside the
             # engine's span was held back while the engine sent it
