@@ -6,7 +6,9 @@ simulator at a high time scale — and measures, against the same upstream reach
 
 - added latency: one client, sequential requests; p50 and p99 of the gate's minus direct's;
 - throughput: 64 concurrent keep-alive clients, plain and streamed answers; requests per
-  second through the gate over direct, and what a request cost in CPU (µs, from Linux's
+  second through the gate over direct — with the load from Python (``gate_peers.py load``,
+  which takes a core of its own) and, where ``wrk`` is installed, from wrk — and what a
+  request cost in CPU (µs, from Linux's
   /proc) the gate and the upstream: the three processes share the machine's cores, so the
   gate's CPU a request against the upstream's and the load's is what the ratio comes to.
 
@@ -21,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -123,6 +126,43 @@ def measure(
     return {name: {key: statistics.median(values) for key, values in by.items()} for name, by in seen.items()}
 
 
+BODY = {"prompt": " ".join(["the"] * 100), "max_tokens": 8}  # what gate_peers.py's load sends
+
+
+def wrk_rps(url: str, stream: bool, folder: Path, seconds: int = 5) -> float:
+    """Requests a second at 64 keep-alive connections, the load from wrk (one thread, in C):
+    a load generator that leaves the cores to the gate and the engine, as clients on other
+    machines do. SystemExit on any socket error or answer other than 200."""
+    script = folder / ("stream.lua" if stream else "plain.lua")
+    body = {**BODY, "stream": stream} | ({"stream_options": {"include_usage": True}} if stream else {})
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(json.dumps(body))}\n"
+    )
+    command = ["wrk", "-t1", "-c64", f"-d{seconds}s", "-s", str(script), f"{url}/v1/completions"]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds + 60)
+    if "Non-2xx" in done.stdout or "Socket errors" in done.stdout:
+        raise SystemExit(f"wrk against {url}: {done.stdout}")
+    return float(done.stdout.split("Requests/sec:")[1].split()[0])
+
+
+def measure_wrk(targets: dict[str, str], rounds: int, folder: Path) -> dict[str, dict[str, float]]:
+    """Per target: requests/s at 64 connections under wrk, plain and streamed; medians of
+    ``rounds`` rounds that alternate the targets."""
+    seen: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
+    for round_number in range(rounds):
+        for name, url in targets.items():
+            wrk_rps(url, False, folder, seconds=1)  # warm
+            figures = {f"{kind}_rps": wrk_rps(url, kind == "stream", folder) for kind in ("plain", "stream")}
+            for key, value in figures.items():
+                seen[name].setdefault(key, []).append(value)
+            print(
+                f"  round {round_number + 1} {name:24} (wrk) "
+                + "  ".join(f"{k} {v:8.2f}" for k, v in figures.items())
+            )
+    return {name: {key: statistics.median(values) for key, values in by.items()} for name, by in seen.items()}
+
+
 def gate_config(folder: Path, upstream: str) -> tuple[Path, str, Path]:
     port = free_port()
     control = folder / "gate.sock"
@@ -175,6 +215,11 @@ def bench_gate(rounds: int) -> None:
                 found = measure(
                     {"direct": (direct, None), "gate": (gated, gate.pid)}, upstream.pid, rounds, 400, 2000
                 )
+                by_wrk = (
+                    measure_wrk({"direct": direct, "gate": gated}, rounds, Path(folder))
+                    if shutil.which("wrk")
+                    else None
+                )
         d, g = found["direct"], found["gate"]
         p50, p99 = g["p50_ms"] - d["p50_ms"], g["p99_ms"] - d["p99_ms"]
         print(f"  medians: direct {d}\n           gate   {g}")
@@ -187,6 +232,18 @@ def bench_gate(rounds: int) -> None:
                 f"{d[f'{kind}_upstream_us']:.0f} µs direct"
             )
             figure(f"gate throughput, 64 clients, {kind} ({label})", f"{ratio:.0%}", "≥ 90%", ratio >= 0.9)
+            if by_wrk is None:
+                print("  (no wrk on PATH: apt-get install wrk for the throughput with a load in C)")
+                continue
+            ratio = by_wrk["gate"][f"{kind}_rps"] / by_wrk["direct"][f"{kind}_rps"]
+            print(f"  {kind}, the load from wrk: direct {by_wrk['direct'][f'{kind}_rps']:.0f}/s, "
+                  f"gate {by_wrk['gate'][f'{kind}_rps']:.0f}/s")  # fmt: skip
+            figure(
+                f"gate throughput, 64 connections from wrk, {kind} ({label})",
+                f"{ratio:.0%}",
+                "≥ 90%",
+                ratio >= 0.9,
+            )
 
 
 def bench_stacks(rounds: int) -> None:

@@ -247,7 +247,9 @@ def proxy_protocols(port: int, target: str) -> None:
             )
             if answer.length is not None and answer.length <= 1 << 20:
                 data = await connection.read(1 << 20)
-                client.start(forward_head(answer, length=len(data), close=not client.keep) + data)
+                client.start(
+                    forward_head(answer, length=len(data), connection=client.connection_header) + data
+                )
                 return
             client.start(forward_head(answer, length=answer.length, chunked=answer.chunked))
             await connection.pipe(client, dechunk=False)

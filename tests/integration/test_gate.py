@@ -661,6 +661,41 @@ class _AbortsOneInTheDrain(_DropsOneRequest):
         )
 
 
+class _BreaksOffOneAnswer(_DropsOneRequest):
+    """The first completion's answer: its head and a tenth of its body, then the connection
+    closes."""
+
+    def on_drop(self, client: socket.socket) -> None:
+        client.sendall(
+            b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"id": 1'
+        )
+
+
+def test_an_answer_the_engine_breaks_off_before_the_gate_wrote_any_is_a_502_not_a_reset(
+    tmp_path: Path,
+) -> None:
+    engine_port = free_port()
+    sim = start_sim(engine_port, *SEED_ENGINE)
+    hop = _BreaksOffOneAnswer(engine_port)
+    try:
+        wait_healthy(f"http://127.0.0.1:{engine_port}")
+        config, _, port = gate_config(tmp_path, hop.port)
+        gate = start_gate(config)
+        try:
+            gate.wait_event("gate_engine_up")
+            url = f"http://127.0.0.1:{port}/v1/completions"
+            broken = _post(url, {"prompt": "hi", "max_tokens": 2})
+            assert broken.status_code == 502, broken.text
+            assert "broke off" in broken.json()["error"]["message"]
+            assert broken.headers["X-Tunerd-Gate"] == "1"
+            assert _post(url, {"prompt": "hi", "max_tokens": 2}).status_code == 200  # and it serves on
+        finally:
+            gate.stop()
+    finally:
+        hop.close()
+        sim.stop()
+
+
 def test_a_request_the_engine_drops_before_answering_is_asked_again_not_failed(tmp_path: Path) -> None:
     engine_port = free_port()
     sim = start_sim(engine_port, *SEED_ENGINE)

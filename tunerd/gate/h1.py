@@ -78,12 +78,14 @@ class HttpError(ValueError):
 
 class _Head:
     """The header section of a head: its lines as they came (validated, each ending in CRLF),
-    read further only when asked."""
+    read further only when asked; ``connection`` is its Connection header's options, as
+    ``,token,token,``."""
 
-    __slots__ = ("block",)
+    __slots__ = ("block", "connection")
 
-    def __init__(self, block: bytes) -> None:
+    def __init__(self, block: bytes, connection: str = ",") -> None:
         self.block = block
+        self.connection = connection
 
     @property
     def headers(self) -> list[tuple[str, str]]:
@@ -99,9 +101,14 @@ class _Head:
         return None if found is None else found.group(1).decode("latin-1")
 
     def forwarded(self) -> bytes:
-        """The header lines without the hop-by-hop ones (RFC 9110 §7.6.1) and those the gate
-        sets itself."""
-        return _HOP_LINES.sub(b"", self.block)
+        """The header lines without the hop-by-hop ones (RFC 9110 §7.6.1: those named by
+        Connection too) and those the gate sets itself."""
+        lines = _HOP_LINES.sub(b"", self.block)
+        named = {token for token in self.connection.split(",") if token} - {"close", "keep-alive"}
+        if named:
+            names = "|".join(re.escape(token) for token in sorted(named)).encode("latin-1")
+            lines = re.sub(rb"(?im)^(?:" + names + rb"):[^\r\n]*\r\n", b"", lines)
+        return lines
 
 
 class RequestHead(_Head):
@@ -120,8 +127,9 @@ class RequestHead(_Head):
         chunked: bool,
         keep_alive: bool,
         expect_continue: bool,
+        connection: str = ",",
     ) -> None:
-        super().__init__(block)
+        super().__init__(block, connection)
         self.method = method
         self.target = target
         self.version = version  # 10 or 11
@@ -156,8 +164,9 @@ class ResponseHead(_Head):
         keep_alive: bool,
         bodiless: bool,
         content_type: str,
+        connection: str = ",",
     ) -> None:
-        super().__init__(block)
+        super().__init__(block, connection)
         self.status = status
         self.reason = reason
         self.length = length
@@ -169,14 +178,15 @@ class ResponseHead(_Head):
 
 
 def find_head_end(buffer: bytes | bytearray, start: int = 0) -> int:
-    """Where the head in ``buffer`` ends (the index after its blank line), or -1 if not yet;
-    :class:`HttpError` 431 when no head ends within :data:`MAX_HEAD` bytes."""
+    """Where the head that begins at ``start`` in ``buffer`` ends (the index after its blank
+    line), or -1 if not yet; :class:`HttpError` 431 when none ends within :data:`MAX_HEAD`
+    bytes."""
     end = buffer.find(b"\r\n\r\n", start)
     if end < 0:
-        if len(buffer) > MAX_HEAD:
+        if len(buffer) - start > MAX_HEAD:
             raise HttpError(431, f"the head is larger than {MAX_HEAD:,} bytes")
         return -1
-    if end + 4 > MAX_HEAD:
+    if end + 4 - start > MAX_HEAD:
         raise HttpError(431, f"the head is larger than {MAX_HEAD:,} bytes")
     return end + 4
 
@@ -256,10 +266,9 @@ def _refuse_request_line(first: bytes) -> None:
     raise HttpError(400, f"a request target the gate does not take: {_shown(target)} (origin-form only)")
 
 
-def parse_request_head(head: bytes | bytearray) -> RequestHead:
+def parse_request_head(head: bytes) -> RequestHead:
     """A request's head (through its blank line), read strictly."""
-    data = bytes(head)
-    first, _, block = data.partition(b"\r\n")
+    first, _, block = head.partition(b"\r\n")
     block = block[:-2] if block.endswith(b"\r\n") else block  # the blank line's CRLF
     if not first:
         raise HttpError(400, "an empty request")
@@ -281,13 +290,13 @@ def parse_request_head(head: bytes | bytearray) -> RequestHead:
         chunked=chunked,
         keep_alive=keep_alive,
         expect_continue=expect == "100-continue",
+        connection=tokens,
     )
 
 
-def parse_response_head(head: bytes | bytearray, method: str) -> ResponseHead:
+def parse_response_head(head: bytes, method: str) -> ResponseHead:
     """An answer's head (through its blank line) to a request of ``method``."""
-    data = bytes(head)
-    first, _, block = data.partition(b"\r\n")
+    first, _, block = head.partition(b"\r\n")
     block = block[:-2] if block.endswith(b"\r\n") else block
     if not first:
         raise HttpError(502, "an empty answer")
@@ -310,6 +319,7 @@ def parse_response_head(head: bytes | bytearray, method: str) -> ResponseHead:
         keep_alive=keep_alive and not until_close,
         bodiless=bodiless,
         content_type=content_type,
+        connection=tokens,
     )
 
 
@@ -385,11 +395,12 @@ def request_bytes(head: RequestHead, host: str, body: bytes, *, prefix: str = ""
 
 
 def forward_head(
-    answer: ResponseHead, *, length: int | None = None, chunked: bool = False, close: bool = False
+    answer: ResponseHead, *, length: int | None = None, chunked: bool = False, connection: str | None = None
 ) -> bytes:
     """The engine's answer head as the client gets it: its own headers but the hop-by-hop
     ones, then the framing the gate sends the body with (``length``, ``chunked``, or neither:
-    until close). A bodiless answer keeps the length it says (a HEAD's)."""
+    until close), and the gate's ``Connection`` header to the client (``close``,
+    ``keep-alive``, or none). A bodiless answer keeps the length it says (a HEAD's)."""
     if answer.bodiless:
         said = answer.header("content-length")
         framing = (
@@ -405,7 +416,7 @@ def forward_head(
             start.encode("latin-1"),
             answer.forwarded(),
             framing,
-            b"connection: close\r\n" if close else b"",
+            f"connection: {connection}\r\n".encode("latin-1") if connection else b"",
             b"\r\n",
         )
     )
@@ -416,15 +427,16 @@ def answer_head(
     headers: list[tuple[str, str]],
     *,
     length: int | None = None,
-    close: bool = False,
+    connection: str | None = None,
 ) -> bytes:
     """The head of an answer of the gate's own: ``headers`` (lower-case names, no framing of
-    their own), its ``length``, and whether the connection closes after it."""
+    their own), its ``length``, and its ``Connection`` header (``close``, ``keep-alive``, or
+    none)."""
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n".encode("latin-1")]
     lines += _head_lines(headers)
     if length is not None:
         lines.append(b"content-length: %d\r\n" % length)
-    if close:
-        lines.append(b"connection: close\r\n")
+    if connection:
+        lines.append(f"connection: {connection}\r\n".encode("latin-1"))
     lines.append(b"\r\n")
     return b"".join(lines)

@@ -433,7 +433,7 @@ class EngineGate:
         pooled connection it had dropped, or a reset); nothing of it reached the client."""
         data = request_bytes(request.head, self.engine.authority, request.body, prefix=self.prefix)
         for attempt in range(2):
-            connection = await self.engine.connect()  # EngineRefused: nothing was sent
+            connection = self.engine.take() or await self.engine.connect()  # EngineRefused: none sent
             try:
                 await connection.send(data, request.head.method)
                 return connection
@@ -472,8 +472,13 @@ class EngineGate:
             return
         try:
             await self._answer_from(connection, request, client, ticket, stream)
-        except EngineError:
-            client.abort()  # the engine broke off mid-answer: so does the gate
+        except EngineError as error:
+            if client.started:
+                client.abort()  # the engine broke off mid-answer: so does the gate
+            elif self._cut_by_hold(ticket):
+                raise _EngineRefused from error  # nothing reached the client: it waits for the new engine
+            else:
+                _send_error(client, 502, f"the engine at {self.url} broke off: {error}", "BadGatewayError")
         finally:
             connection.release()
 
@@ -499,7 +504,7 @@ class EngineGate:
             if ticket is not None and ticket.exact and answer.status == 200:
                 with contextlib.suppress(ValueError):
                     self._usage(ticket, usage_prompt_tokens(json.loads(data)))
-            client.start(forward_head(answer, length=len(data), close=not client.keep) + data)
+            client.start(forward_head(answer, length=len(data), connection=client.connection_header) + data)
             return
         # a gated stream's start is held back until it carries a token: a stream the engine's
         # drain ends with none (vLLM aborts what it had only just taken in) is not served
@@ -521,7 +526,7 @@ class EngineGate:
             answer,
             length=answer.length if verbatim else None,
             chunked=answer.chunked and verbatim,
-            close=not client.keep,
+            connection=client.connection_header,
         )
         client.start(head)
         keep_tail = TAIL_BYTES if ticket is not None and ticket.exact and stream else 0
@@ -810,7 +815,7 @@ class GateServer:
         for task in self.tasks:
             task.cancel()
         for listener in listeners:
-            listener.close_all()
+            await listener.close_all()
         for gate in self.gates.values():
             gate.engine.close()
         for runner in self.runners:

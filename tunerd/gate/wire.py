@@ -16,8 +16,9 @@ handler, which closes the engine connection: vLLM aborts the request and frees i
 
 Deadlines are kept by one sweep a second (:meth:`Listener.sweep`), not a timer per read: a
 request's head and body must arrive within :data:`REQUEST_S` of its first byte, an idle
-keep-alive connection is closed after :data:`IDLE_S`, and an engine silent mid-answer for
-``read_s`` is cut off.
+keep-alive connection is closed after :data:`IDLE_S`, a client that reads nothing of its answer
+for :data:`STALL_S` is cut off (its request in the engine with it), and so is an engine silent
+mid-answer for ``read_s``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from tunerd.gate.h1 import (
+    MAX_HEAD,
     ChunkedDecoder,
     HttpError,
     RequestHead,
@@ -58,6 +60,9 @@ IDLE_S = 75.0  # a client's keep-alive connection with no request is closed afte
 ENGINE_IDLE_S = 4.0  # a pooled engine connection is dropped after this long (uvicorn closes at 5 s)
 PIPELINE_CAP = 1 << 20  # bytes of a client's next requests read ahead while one is served
 LINGER_S = 5.0  # after refusing a body, what the client still sends is read and dropped this long
+STALL_S = 300.0  # a client that reads nothing of its answer this long is cut off
+CLOSING_S = 10.0  # a connection closing with bytes its client will not read is cut after this
+MAX_REQUEST_CHUNKS = 8192  # a chunked request body in more chunks is refused (each costs Python)
 
 
 def _nodelay(transport: asyncio.BaseTransport) -> None:
@@ -134,14 +139,16 @@ class EngineConnection(asyncio.Protocol):
             self._fail(EngineBroken("the engine sent bytes after its answer"))
             return
         if self.response is None:
-            self._buffer += data
+            buffer = data if not self._buffer else bytes(self._buffer) + data
+            position = 0
             try:
                 while self.response is None:
-                    end = find_head_end(self._buffer)
+                    end = find_head_end(buffer, position)
                     if end < 0:
+                        self._buffer[:] = buffer[position:]
                         return
-                    head = parse_response_head(self._buffer[:end], self.method)
-                    del self._buffer[:end]
+                    head = parse_response_head(buffer[position:end], self.method)
+                    position = end
                     if 100 <= head.status < 200:  # an interim answer (100 Continue): the real one follows
                         continue
                     self.response = head
@@ -152,7 +159,7 @@ class EngineConnection(asyncio.Protocol):
                 self._decoder = ChunkedDecoder()
             elif self.response.length is not None:
                 self._left = self.response.length
-            rest = bytes(self._buffer)
+            rest = buffer[position:]
             self._buffer.clear()
             if self.head_future is not None and not self.head_future.done():
                 self.head_future.set_result(self.response)
@@ -273,6 +280,8 @@ class EngineConnection(asyncio.Protocol):
     def send(self, data: bytes, method: str) -> asyncio.Future[ResponseHead]:
         """Send one request; the future resolves with the answer's head."""
         assert self.transport is not None
+        if self.closed or self.transport.is_closing():  # the engine closed it before the request went
+            raise EngineDropped("the engine closed the connection before the request was sent")
         self._reset()
         self.method = method
         self.last_read = time.monotonic()
@@ -387,7 +396,8 @@ class EnginePool:
         self.busy: set[EngineConnection] = set()
         self.authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
 
-    async def connect(self) -> EngineConnection:
+    def take(self) -> EngineConnection | None:
+        """An idle connection, the most recently used, or None."""
         now = time.monotonic()
         while self.idle:
             connection = self.idle.pop()
@@ -396,6 +406,13 @@ class EnginePool:
                 if not connection.transport.is_closing():
                     return connection
             connection.close()
+        return None
+
+    async def connect(self) -> EngineConnection:
+        """An idle connection, else a new one (:class:`EngineRefused` if none can be made)."""
+        idle = self.take()
+        if idle is not None:
+            return idle
         loop = asyncio.get_running_loop()
         try:
             _, protocol = await asyncio.wait_for(
@@ -445,7 +462,11 @@ Handler = Callable[[ClientRequest, "ClientConnection"], Awaitable[None]]
 
 class ClientConnection(asyncio.Protocol):
     """One client's connection: requests read whole, one at a time; the answer written by the
-    handler through :meth:`send` (a whole answer) or :meth:`start` and :meth:`write`."""
+    handler through :meth:`send` (a whole answer) or :meth:`start` and :meth:`write`.
+
+    Nothing the client does grows the gate's memory without bound: the requests it pipelines
+    are read ahead up to :data:`PIPELINE_CAP`, and the next is not started while the client
+    has not read the last answer (its transport's buffer past the high-water mark)."""
 
     def __init__(self, listener: Listener) -> None:
         self.listener = listener
@@ -458,12 +479,16 @@ class ClientConnection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.began: float | None = None  # when the request being read began (monotonic)
         self.last_seen = time.monotonic()
+        self.method = "GET"  # the current request's
         self.started = False  # the current answer's head has been written
         self.keep = True  # the connection carries another request after this answer
+        self.said_alive = False  # an HTTP/1.0 client asked to keep the connection: say it is kept
         self.paused = False  # the client reads slower than the answer comes
+        self.paused_since = 0.0
         self.reading = True
         self.source: EngineConnection | None = None  # the engine connection piping to it
         self.lingering_until: float | None = None
+        self.closing_since: float | None = None
         self.closed = False
 
     # asyncio's callbacks
@@ -480,6 +505,7 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        self.paused_since = time.monotonic()
         if self.source is not None:
             self.source.pause()
 
@@ -487,43 +513,84 @@ class ClientConnection(asyncio.Protocol):
         self.paused = False
         if self.source is not None:
             self.source.resume()
+        elif self.task is None and not self.closed:
+            self._next()  # the answer it was reading is out: its next request, if any
 
     def data_received(self, data: bytes) -> None:
         self.last_seen = time.monotonic()
         if self.lingering_until is not None:
             return  # a refused body's rest: read and dropped
+        if (
+            self.task is None
+            and self.head is None
+            and not self.buffer
+            and not self.paused
+            and self._whole(data)
+        ):
+            return  # the usual case: one whole request in one read
         self.buffer += data
         if self.began is None:
             self.began = self.last_seen
-        if self.task is not None:  # a request is being served: the next waits, within a cap
-            if len(self.buffer) > PIPELINE_CAP and self.transport is not None and self.reading:
-                self.reading = False
-                self.transport.pause_reading()
+        if self.task is not None or self.paused:  # the next request waits, read ahead within a cap
+            self._cap_reading()
             return
         self._advance()
 
     # reading requests
+    def _cap_reading(self) -> None:
+        if len(self.buffer) > PIPELINE_CAP and self.transport is not None and self.reading:
+            self.reading = False
+            self.transport.pause_reading()
+
+    def _whole(self, data: bytes) -> bool:
+        """Serve ``data`` if it is exactly one whole request with a length (no copy into the
+        buffer); False, having done nothing, for anything else."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or end + 4 > MAX_HEAD:
+            return False
+        try:
+            head = parse_request_head(data[: end + 4])
+        except HttpError:
+            return False  # the general path says why
+        length = head.content_length
+        if head.chunked or head.expect_continue or length is None or end + 4 + length != len(data):
+            return False
+        if length > self.listener.max_body:
+            return False
+        self.began = None
+        self._start(head, data[end + 4 :])
+        return True
+
+    def _start(self, head: RequestHead, body: bytes) -> None:
+        self.keep = head.keep_alive
+        self.said_alive = head.keep_alive and head.version == 10
+        self.method = head.method
+        self.started = False
+        request = ClientRequest(head, body, time.perf_counter())
+        self.task = asyncio.get_running_loop().create_task(self._serve(request))
+
     def _advance(self) -> None:
         listener = self.listener
         try:
             if self.head is None:
+                while self.buffer[:2] == b"\r\n" or self.buffer[:1] == b"\n":
+                    del self.buffer[: 2 if self.buffer[:1] == b"\r" else 1]  # blank lines before a request
                 end = find_head_end(self.buffer)
                 if end < 0:
                     if not self.buffer:
                         self.began = None
                     return
-                self.head = parse_request_head(self.buffer[:end])
+                self.head = parse_request_head(bytes(self.buffer[:end]))
                 del self.buffer[:end]
-                self.keep = self.head.keep_alive
                 length = self.head.content_length
                 if length is not None and length > listener.max_body:
                     self._refuse_body()
                     return
                 if self.head.chunked:
                     self.decoder = ChunkedDecoder()
-                if self.head.expect_continue and self.transport is not None:
+                if self.head.expect_continue and self.head.version >= 11 and self.transport is not None:
                     complete = length is not None and len(self.buffer) >= length
-                    if not complete:
+                    if not complete:  # (never to HTTP/1.0: RFC 9110 §10.1.1)
                         self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             head = self.head
             if self.decoder is not None:
@@ -534,6 +601,10 @@ class ClientConnection(asyncio.Protocol):
                 if self.chunked_size > listener.max_body:
                     self._refuse_body()
                     return
+                if len(self.chunks) > MAX_REQUEST_CHUNKS:
+                    raise HttpError(
+                        400, f"a chunked body in more than {MAX_REQUEST_CHUNKS:,} chunks (send larger ones)"
+                    )
                 if not self.decoder.done:
                     return
                 self.buffer += self.decoder.extra
@@ -550,9 +621,15 @@ class ClientConnection(asyncio.Protocol):
             return
         self.head = None
         self.began = None if not self.buffer else time.monotonic()
-        self.started = False
-        request = ClientRequest(head, body, time.perf_counter())
-        self.task = asyncio.get_running_loop().create_task(self._serve(request))
+        self._start(head, body)
+
+    def _next(self) -> None:
+        """After an answer: the next request, if the client is reading and has sent one."""
+        if not self.reading and self.transport is not None and len(self.buffer) <= PIPELINE_CAP:
+            self.reading = True
+            self.transport.resume_reading()
+        if self.buffer and not self.paused and not self.listener.draining:
+            self._advance()
 
     async def _serve(self, request: ClientRequest) -> None:
         try:
@@ -568,14 +645,12 @@ class ClientConnection(asyncio.Protocol):
         finally:
             self.task = None
             self.last_seen = time.monotonic()  # idle from the answer's end, not the request's
-            if not self.keep or self.closed:
+            if self.began is not None:
+                self.began = self.last_seen  # a pipelined request's time runs from here
+            if not self.keep or self.closed or self.listener.draining:
                 self.close()
             else:
-                if not self.reading and self.transport is not None:
-                    self.reading = True
-                    self.transport.resume_reading()
-                if self.buffer:
-                    self._advance()
+                self._next()
 
     def _refuse(self, status: int, message: str) -> None:
         """An answer of the gate's own to a request it could not read; the connection ends."""
@@ -601,6 +676,14 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write_eof()
 
     # writing the answer
+    @property
+    def connection_header(self) -> str | None:
+        """What the answer's ``Connection`` header says: close, keep-alive (to HTTP/1.0), or
+        nothing (HTTP/1.1 keeps it by default)."""
+        if not self.keep:
+            return "close"
+        return "keep-alive" if self.said_alive else None
+
     def send(
         self,
         status: int,
@@ -609,13 +692,13 @@ class ClientConnection(asyncio.Protocol):
         *,
         close: bool = False,
     ) -> None:
-        """A whole answer of the gate's own."""
+        """A whole answer of the gate's own (to a HEAD: its head alone)."""
         if close:
             self.keep = False
         self.started = True
         if self.transport is not None and not self.transport.is_closing():
-            head = answer_head(status, headers, length=len(body), close=not self.keep)
-            self.transport.write(head + body)
+            head = answer_head(status, headers, length=len(body), connection=self.connection_header)
+            self.transport.write(head if self.method == "HEAD" else head + body)
 
     def start(self, head: bytes) -> None:
         """An answer's head (from :func:`~tunerd.gate.h1.forward_head`), and what of its body
@@ -628,7 +711,11 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(data)
 
     def close(self) -> None:
+        """Close once what was written is sent (a client that never reads it is cut off by the
+        sweep after :data:`CLOSING_S`)."""
         self.keep = False
+        if self.closing_since is None:
+            self.closing_since = time.monotonic()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
@@ -662,6 +749,7 @@ class Listener:
         self.on_error = on_error
         self.connections: set[ClientConnection] = set()
         self.server: asyncio.Server | None = None
+        self.draining = False  # stopping: no new request is started
 
     def protocol(self) -> ClientConnection:
         return ClientConnection(self)
@@ -673,10 +761,17 @@ class Listener:
         return str(address[0]), int(address[1])
 
     def sweep(self, now: float) -> None:
-        """Deadlines: a request not whole within :data:`REQUEST_S` of its first byte gets 408,
-        an idle keep-alive connection past :data:`IDLE_S` and a lingering one are closed."""
+        """Deadlines: a request not whole within :data:`REQUEST_S` of its first byte gets 408;
+        an idle keep-alive connection past :data:`IDLE_S` and a lingering one are closed; one
+        whose client has read nothing for :data:`STALL_S`, or that could not close for
+        :data:`CLOSING_S`, is cut."""
         for connection in list(self.connections):
-            if connection.lingering_until is not None:
+            if connection.closing_since is not None:
+                if now - connection.closing_since > CLOSING_S:
+                    connection.abort()
+            elif connection.paused and now - connection.paused_since > STALL_S:
+                connection.abort()  # its handler is cancelled: the engine's request too
+            elif connection.lingering_until is not None:
                 if now >= connection.lingering_until:
                     connection.close()
             elif connection.task is not None:
@@ -690,6 +785,7 @@ class Listener:
         return sum(1 for connection in self.connections if connection.task is not None)
 
     def stop_listening(self) -> None:
+        self.draining = True
         if self.server is not None:
             self.server.close()
 
@@ -698,6 +794,14 @@ class Listener:
             if connection.task is None:
                 connection.close()
 
-    def close_all(self) -> None:
+    async def close_all(self) -> None:
+        """Cut every connection and wait for their handlers to end."""
+        tasks = [c.task for c in self.connections if c.task is not None]
         for connection in list(self.connections):
             connection.abort()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.server.wait_closed(), 1.0)

@@ -198,7 +198,9 @@ def test_the_engines_answer_head_keeps_its_headers_and_takes_the_gates_framing()
     assert forward_head(answer, chunked=True) == (
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ndate: d\r\ntransfer-encoding: chunked\r\n\r\n"
     )
-    assert forward_head(answer, close=True).endswith(b"date: d\r\nconnection: close\r\n\r\n")  # until close
+    assert forward_head(answer, connection="close").endswith(
+        b"date: d\r\nconnection: close\r\n\r\n"
+    )  # until close
     to_head = parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", "HEAD")
     assert forward_head(to_head) == b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n"  # the length it says
     empty = parse_response_head(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n", "DELETE")
@@ -207,7 +209,7 @@ def test_the_engines_answer_head_keeps_its_headers_and_takes_the_gates_framing()
 
 def test_the_gates_own_answer_head() -> None:
     head = answer_head(
-        503, [("content-type", "application/json"), ("retry-after", "7")], length=2, close=True
+        503, [("content-type", "application/json"), ("retry-after", "7")], length=2, connection="close"
     )
     assert head == (
         b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 7\r\n"
@@ -287,3 +289,12 @@ def test_fuzz_any_chunked_body_cut_anywhere_decodes_to_its_content(
 @given(st.binary(max_size=300))
 def test_fuzz_any_bytes_as_a_chunked_body_are_read_or_refused(data: bytes) -> None:
     assert _refused_with(lambda: ChunkedDecoder().feed(data)) in (None, 400)
+
+
+def test_headers_the_connection_header_names_are_hop_by_hop_too() -> None:
+    head = parse_request_head(
+        _request(
+            "POST / HTTP/1.1\nConnection: keep-alive, X-Hop\nX-Hop: secret\nX-Kept: 1\nContent-Length: 0"
+        )
+    )
+    assert head.forwarded() == b"X-Kept: 1\r\n"

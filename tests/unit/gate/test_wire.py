@@ -23,7 +23,10 @@ from tunerd.gate.h1 import find_head_end, forward_head, parse_response_head, req
 from tunerd.gate.wire import (
     ENGINE_IDLE_S,
     IDLE_S,
+    MAX_REQUEST_CHUNKS,
+    PIPELINE_CAP,
     REQUEST_S,
+    STALL_S,
     ClientConnection,
     ClientRequest,
     EngineBroken,
@@ -91,7 +94,7 @@ async def forward(pool: EnginePool, request: ClientRequest, client: ClientConnec
             return
         if answer.length is not None and answer.length < 4096:
             data = await connection.read(4096)
-            client.start(forward_head(answer, length=len(data), close=not client.keep) + data)
+            client.start(forward_head(answer, length=len(data), connection=client.connection_header) + data)
             return
         verbatim = not answer.until_close and (request.head.version >= 11 or not answer.chunked)
         client.keep = client.keep and verbatim
@@ -100,7 +103,7 @@ async def forward(pool: EnginePool, request: ClientRequest, client: ClientConnec
                 answer,
                 length=answer.length if verbatim else None,
                 chunked=answer.chunked and verbatim,
-                close=not client.keep,
+                connection=client.connection_header,
             )
         )
         try:
@@ -146,7 +149,7 @@ async def world(answer: Answer, max_body: int = 1 << 20) -> AsyncIterator[World]
         yield World(engine, pool, listener, port, errors)
     finally:
         listener.stop_listening()
-        listener.close_all()
+        await listener.close_all()
         pool.close()
         server.close()
 
@@ -477,7 +480,6 @@ def test_junk_from_clients_is_answered_or_dropped_and_the_listener_serves_on() -
         b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
         b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"GET / HTTP/1.1\r\nX: " + b"a" * 70_000,
-        b"\r\n\r\n",
         b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
     ]
 
@@ -492,7 +494,7 @@ def test_junk_from_clients_is_answered_or_dropped_and_the_listener_serves_on() -
                 assert answer.startswith((b"HTTP/1.1 4", b"HTTP/1.1 5")), answer
                 writer.close()
             reader, writer = await w.connect()
-            writer.write(post(b"{}"))
+            writer.write(b"\r\n\r\n\n" + post(b"{}"))  # blank lines before a request: ignored
             assert (await read_answer(reader))[0] == 200
             assert w.errors == []  # nothing reached the handler as a failure
             writer.close()
@@ -550,6 +552,141 @@ def test_a_connection_is_idle_from_the_end_of_its_answer_not_from_its_request() 
             await read_answer(reader)
             w.sweep(IDLE_S - 0.3)  # idle since the answer: not yet IDLE_S; since the request: past it
             writer.write(post(b"{}"))  # so the client's next request finds it open
+            assert (await read_answer(reader))[0] == 200
+            writer.close()
+
+    run(scenario())
+
+
+def _own(answers: dict[str, bytes]) -> Callable[[ClientRequest, ClientConnection], Awaitable[None]]:
+    """A handler that answers by itself: the body for the request's path."""
+
+    async def handler(request: ClientRequest, client: ClientConnection) -> None:
+        client.send(200, [("content-type", "text/plain")], answers.get(request.head.path, b"?"))
+
+    return handler
+
+
+def test_the_gates_own_answer_to_a_head_request_has_no_body() -> None:
+    async def scenario() -> None:
+        async with world(plain()) as w:
+            w.listener.handler = _own({"/gate/metrics": b"x" * 5000})
+            reader, writer = await w.connect()
+            writer.write(
+                b"HEAD /gate/metrics HTTP/1.1\r\nHost: g\r\n\r\nGET /gate/metrics HTTP/1.1\r\nHost: g\r\n\r\n"
+            )
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert b"content-length: 5000" in head
+            assert (await read_answer(reader))[2] == b"x" * 5000  # the next answer, not the HEAD's body
+            writer.close()
+
+    run(scenario())
+
+
+def test_a_client_that_pipelines_and_never_reads_does_not_grow_the_gates_memory() -> None:
+    async def scenario() -> None:
+        async with world(plain()) as w:
+            w.listener.handler = _own({"/big": b"y" * (256 << 10)})
+            reader, writer = await w.connect()
+            writer.write(b"GET /big HTTP/1.1\r\nHost: g\r\n\r\n" * 400)  # 100 MiB of answers asked for
+            await asyncio.sleep(0.5)  # it reads nothing meanwhile
+            (connection,) = w.listener.connections
+            assert connection.transport is not None
+            assert connection.paused
+            assert connection.transport.get_write_buffer_size() < 8 << 20
+            assert len(connection.buffer) <= PIPELINE_CAP + 65536
+            received = 0
+            for _ in range(400):  # then it reads: every answer comes, in order
+                received += len((await read_answer(reader))[2])
+            assert received == 400 * (256 << 10)
+            writer.close()
+
+    run(scenario())
+
+
+def test_a_client_that_reads_nothing_of_its_answer_for_long_is_cut_off_with_the_engines_request() -> None:
+    async def scenario() -> None:
+        async def flood(request: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            while True:
+                writer.write(b"10000\r\n" + b"z" * 65536 + b"\r\n")
+                await writer.drain()
+
+        async with world(flood) as w:
+            _reader, writer = await w.connect()
+            writer.write(post(b"{}"))
+            await asyncio.sleep(0.5)
+            (connection,) = w.listener.connections
+            assert connection.paused
+            w.sweep(STALL_S - 10)
+            assert not connection.closed
+            w.sweep(STALL_S + 1)
+            await asyncio.wait_for(w.engine.closed.wait(), 5)  # the engine's request ended with it
+            writer.close()
+
+    run(scenario())
+
+
+def test_a_connection_the_engine_closed_before_the_request_went_reads_as_dropped_at_once() -> None:
+    async def scenario() -> None:
+        async with world(plain()) as w:
+            connection = await w.pool.connect()
+            assert connection.transport is not None
+            connection.transport.abort()
+            await asyncio.sleep(0)  # its connection_lost runs
+            with pytest.raises(EngineDropped):
+                connection.send(b"GET / HTTP/1.1\r\nhost: e\r\n\r\n", "GET")
+            connection.release()
+
+    run(scenario())
+
+
+def test_a_chunked_body_in_too_many_chunks_is_refused() -> None:
+    async def scenario() -> None:
+        async with world(plain()) as w:
+            reader, writer = await w.connect()
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"1\r\na\r\n" * (MAX_REQUEST_CHUNKS + 1) + b"0\r\n\r\n")
+            status, _, body = await read_answer(reader)
+            assert status == 400
+            assert b"chunks" in body
+            assert w.engine.requests == []
+            writer.close()
+
+    run(scenario())
+
+
+def test_an_http_1_0_client_is_told_its_connection_is_kept_and_is_never_sent_100_continue() -> None:
+    async def scenario() -> None:
+        async with world(plain()) as w:
+            reader, writer = await w.connect()
+            writer.write(post(b"{}", headers="Connection: keep-alive\r\n", version="1.0"))
+            status, headers, _ = await read_answer(reader)
+            assert (status, headers["connection"]) == (200, "keep-alive")
+            writer.write(
+                b"POST /v1/completions HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 2\r\n"
+                b"Expect: 100-continue\r\n\r\n"
+            )
+            await asyncio.sleep(0.2)
+            writer.write(b"{}")
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")  # no 100 first
+            writer.close()
+
+    run(scenario())
+
+
+def test_a_pipelined_request_has_its_time_from_the_end_of_the_answer_before_it() -> None:
+    async def scenario() -> None:
+        async def slow(request: bytes, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(0.5)
+            await plain()(request, writer)
+
+        async with world(slow) as w:
+            reader, writer = await w.connect()
+            writer.write(post(b"{}") + post(b'{"second": 1}')[:-3])  # the second still arriving
+            await read_answer(reader)
+            w.sweep(REQUEST_S - 0.3)  # since the answer's end: not yet; since its first byte: past
+            writer.write(b" 1}")  # the last bytes
             assert (await read_answer(reader))[0] == 200
             writer.close()
 
