@@ -146,21 +146,30 @@ def wrk_rps(url: str, stream: bool, folder: Path, seconds: int = 5) -> float:
     return float(done.stdout.split("Requests/sec:")[1].split()[0])
 
 
-def measure_wrk(targets: dict[str, str], rounds: int, folder: Path) -> dict[str, dict[str, float]]:
-    """Per target: requests/s at 64 connections under wrk, plain and streamed; medians of
-    ``rounds`` rounds that alternate the targets."""
+def measure_wrk(targets: dict[str, str], pairs: int, folder: Path) -> dict[str, dict[str, float]]:
+    """Requests/s at 64 connections under wrk, plain and streamed, for ``direct`` and ``gate``:
+    ``pairs`` pairs of 2 s runs, direct and gate back to back (in turns, which goes first), so
+    the machine's drift hits both of a pair; the ratio is taken pair by pair and its median
+    reported (``{kind}_ratio``), with the median requests/s of each."""
     seen: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
-    for round_number in range(rounds):
-        for name, url in targets.items():
-            wrk_rps(url, False, folder, seconds=1)  # warm
-            figures = {f"{kind}_rps": wrk_rps(url, kind == "stream", folder) for kind in ("plain", "stream")}
-            for key, value in figures.items():
-                seen[name].setdefault(key, []).append(value)
-            print(
-                f"  round {round_number + 1} {name:24} (wrk) "
-                + "  ".join(f"{k} {v:8.2f}" for k, v in figures.items())
-            )
-    return {name: {key: statistics.median(values) for key, values in by.items()} for name, by in seen.items()}
+    ratios: dict[str, list[float]] = {}
+    for kind in ("plain", "stream"):
+        for url in targets.values():
+            wrk_rps(url, kind == "stream", folder, seconds=1)  # warm
+        for pair in range(pairs):
+            order = ["direct", "gate"] if pair % 2 == 0 else ["gate", "direct"]
+            got = {name: wrk_rps(targets[name], kind == "stream", folder, seconds=2) for name in order}
+            for name, rps in got.items():
+                seen[name].setdefault(f"{kind}_rps", []).append(rps)
+            ratios.setdefault(kind, []).append(got["gate"] / got["direct"])
+            print(f"  pair {pair + 1} {kind:6} (wrk) direct {got['direct']:8.0f}/s  "
+                  f"gate {got['gate']:8.0f}/s  {got['gate'] / got['direct']:4.0%}")  # fmt: skip
+    found = {
+        name: {key: statistics.median(values) for key, values in by.items()} for name, by in seen.items()
+    }
+    for kind, values in ratios.items():
+        found["gate"][f"{kind}_ratio"] = statistics.median(values)
+    return found
 
 
 def gate_config(folder: Path, upstream: str) -> tuple[Path, str, Path]:
@@ -216,7 +225,7 @@ def bench_gate(rounds: int) -> None:
                     {"direct": (direct, None), "gate": (gated, gate.pid)}, upstream.pid, rounds, 400, 2000
                 )
                 by_wrk = (
-                    measure_wrk({"direct": direct, "gate": gated}, rounds, Path(folder))
+                    measure_wrk({"direct": direct, "gate": gated}, 4 * rounds, Path(folder))
                     if shutil.which("wrk")
                     else None
                 )
@@ -235,9 +244,10 @@ def bench_gate(rounds: int) -> None:
             if by_wrk is None:
                 print("  (no wrk on PATH: apt-get install wrk for the throughput with a load in C)")
                 continue
-            ratio = by_wrk["gate"][f"{kind}_rps"] / by_wrk["direct"][f"{kind}_rps"]
+            ratio = by_wrk["gate"][f"{kind}_ratio"]
             print(f"  {kind}, the load from wrk: direct {by_wrk['direct'][f'{kind}_rps']:.0f}/s, "
-                  f"gate {by_wrk['gate'][f'{kind}_rps']:.0f}/s")  # fmt: skip
+                  f"gate {by_wrk['gate'][f'{kind}_rps']:.0f}/s (medians); "
+                  f"the ratio pair by pair {ratio:.0%}")  # fmt: skip
             figure(
                 f"gate throughput, 64 connections from wrk, {kind} ({label})",
                 f"{ratio:.0%}",
