@@ -53,6 +53,7 @@ _SPECIAL = re.compile(
 )
 _HOP_LINES = re.compile(rb"(?im)^(?:" + "|".join(sorted(HOP_HEADERS)).encode() + rb"):[^\r\n]*\r\n")
 _NO_BODY = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+_PLAIN_CONNECTION = frozenset({",", ",close,", ",keep-alive,"})  # Connection options that name no header
 
 
 @functools.lru_cache(maxsize=16)
@@ -104,6 +105,8 @@ class _Head:
         """The header lines without the hop-by-hop ones (RFC 9110 §7.6.1: those named by
         Connection too) and those the gate sets itself."""
         lines = _HOP_LINES.sub(b"", self.block)
+        if self.connection in _PLAIN_CONNECTION:
+            return lines
         named = {token for token in self.connection.split(",") if token} - {"close", "keep-alive"}
         if named:
             names = "|".join(re.escape(token) for token in sorted(named)).encode("latin-1")
