@@ -671,51 +671,46 @@ class _BreaksOffOneAnswer(_DropsOneRequest):
         )
 
 
+@contextlib.contextmanager
+def _gate_behind(tmp_path: Path, hop_type: type[_DropsOneRequest]) -> Iterator[tuple[str, _DropsOneRequest]]:
+    """The seed's simulated engine, ``hop_type`` between it and a gate: the gate's URL, the hop."""
+    engine_port = free_port()
+    sim = start_sim(engine_port, *SEED_ENGINE)
+    hop = hop_type(engine_port)
+    try:
+        wait_healthy(f"http://127.0.0.1:{engine_port}")
+        config, _, port = gate_config(tmp_path, hop.port)
+        gate = start_gate(config)
+        try:
+            gate.wait_event("gate_engine_up")
+            yield f"http://127.0.0.1:{port}", hop
+        finally:
+            gate.stop()
+    finally:
+        hop.close()
+        sim.stop()
+
+
 def test_an_answer_the_engine_breaks_off_before_the_gate_wrote_any_is_a_502_not_a_reset(
     tmp_path: Path,
 ) -> None:
-    engine_port = free_port()
-    sim = start_sim(engine_port, *SEED_ENGINE)
-    hop = _BreaksOffOneAnswer(engine_port)
-    try:
-        wait_healthy(f"http://127.0.0.1:{engine_port}")
-        config, _, port = gate_config(tmp_path, hop.port)
-        gate = start_gate(config)
-        try:
-            gate.wait_event("gate_engine_up")
-            url = f"http://127.0.0.1:{port}/v1/completions"
-            broken = _post(url, {"prompt": "hi", "max_tokens": 2})
-            assert broken.status_code == 502, broken.text
-            assert "broke off" in broken.json()["error"]["message"]
-            assert broken.headers["X-Tunerd-Gate"] == "1"
-            assert _post(url, {"prompt": "hi", "max_tokens": 2}).status_code == 200  # and it serves on
-        finally:
-            gate.stop()
-    finally:
-        hop.close()
-        sim.stop()
+    with _gate_behind(tmp_path, _BreaksOffOneAnswer) as (url, _):
+        broken = _post(f"{url}/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert broken.status_code == 502, broken.text
+        assert "broke off" in broken.json()["error"]["message"]
+        assert broken.headers["X-Tunerd-Gate"] == "1"
+        assert (
+            _post(f"{url}/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+        )  # serves on
 
 
 def test_a_request_the_engine_drops_before_answering_is_asked_again_not_failed(tmp_path: Path) -> None:
-    engine_port = free_port()
-    sim = start_sim(engine_port, *SEED_ENGINE)
-    hop = _DropsOneRequest(engine_port)
-    try:
-        wait_healthy(f"http://127.0.0.1:{engine_port}")
-        config, _, port = gate_config(tmp_path, hop.port)
-        gate = start_gate(config)
-        try:
-            gate.wait_event("gate_engine_up")
-            answer = _post(f"http://127.0.0.1:{port}/v1/completions", {"prompt": "hi", "max_tokens": 2})
-            assert answer.status_code == 200, answer.text
-            assert hop.dropped == 1
-            page = httpx.get(f"http://127.0.0.1:{port}/gate/metrics", timeout=5).text
-            assert metric(page, "tunerd_gate_decisions_total", outcome="retried") == 1
-        finally:
-            gate.stop()
-    finally:
-        hop.close()
-        sim.stop()
+    with _gate_behind(tmp_path, _DropsOneRequest) as (url, hop):
+        answer = _post(f"{url}/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert answer.status_code == 200, answer.text
+        assert hop.dropped == 1
+        page = httpx.get(f"{url}/gate/metrics", timeout=5).text
+        assert metric(page, "tunerd_gate_decisions_total", outcome="retried") == 1
 
 
 def test_a_stream_the_draining_engine_ends_without_a_token_waits_for_the_new_engine(tmp_path: Path) -> None:
