@@ -9,6 +9,7 @@ Deadlines are driven by calling the sweep with a later ``now``: no test waits fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
+from tests.fuzzing import fuzz_settings
 from tunerd.gate.h1 import find_head_end, forward_head, parse_response_head, request_bytes
 from tunerd.gate.wire import (
     ENGINE_IDLE_S,
@@ -689,5 +693,87 @@ def test_a_pipelined_request_has_its_time_from_the_end_of_the_answer_before_it()
             writer.write(b" 1}")  # the last bytes
             assert (await read_answer(reader))[0] == 200
             writer.close()
+
+    run(scenario())
+
+
+@st.composite
+def _requests(draw: st.DrawFn) -> list[bytes]:
+    """Some well-formed requests: lengths and chunked bodies, HTTP/1.1 and 1.0 keep-alive."""
+    out = []
+    for index in range(draw(st.integers(1, 5))):
+        body = b'{"i": %d, "pad": "%s"}' % (index, b"x" * draw(st.integers(0, 3000)))
+        if draw(st.booleans()):
+            cuts = sorted(draw(st.lists(st.integers(1, len(body) - 1), max_size=4, unique=True)))
+            pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+            framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+            out.append(b"POST /echo HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n" + framed)
+        else:
+            version = draw(st.sampled_from([b"1.1", b"1.0"]))
+            alive = b"Connection: keep-alive\r\n" if version == b"1.0" else b""
+            out.append(
+                b"POST /echo HTTP/%s\r\nHost: g\r\n%sContent-Length: %d\r\n\r\n%s"
+                % (version, alive, len(body), body)
+            )
+    return out
+
+
+async def _echo(request: ClientRequest, client: ClientConnection) -> None:
+    client.send(200, [("content-type", "application/json")], request.body)
+
+
+@pytest.mark.fuzz
+@fuzz_settings(scale=0.3)
+@given(st.data())
+def test_fuzz_pipelined_requests_cut_anywhere_are_answered_whole_and_in_order(data: st.DataObject) -> None:
+    requests = data.draw(_requests())
+    stream = b"".join(requests)
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(stream) - 1), max_size=12, unique=True)))
+
+    async def scenario() -> None:
+        async with world(plain()) as w:
+            w.listener.handler = _echo
+            reader, writer = await w.connect()
+            for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+                writer.write(stream[a:b])
+                await writer.drain()
+                await asyncio.sleep(0)
+            for index in range(len(requests)):
+                status, _, body = await read_answer(reader)
+                assert status == 200
+                assert body.startswith(b'{"i": %d,' % index)
+            writer.close()
+
+    run(scenario())
+
+
+@pytest.mark.fuzz
+@fuzz_settings(scale=0.3)
+@given(st.lists(st.binary(min_size=1, max_size=200), min_size=1, max_size=6))
+@example([b"\r\n\n"])  # blank lines: an idle connection
+@example([b"POST /echo HTTP/1.1\r\nContent-Length: 9\r\n\r\n{"])  # a body that never ends
+@example([b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"1\r\na\r\n" * 50])
+def test_fuzz_junk_from_a_client_is_refused_or_waited_on_and_the_listener_serves_on(
+    pieces: list[bytes],
+) -> None:
+    async def scenario() -> None:
+        async with world(plain()) as w:
+            w.listener.handler = _echo
+            reader, writer = await w.connect()
+            for piece in pieces:
+                writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            w.sweep(REQUEST_S + 1)  # whatever is not a request by now has had its time
+            await asyncio.sleep(0.01)
+            w.sweep(IDLE_S + 1)  # and a connection left with nothing (blank lines) its idle time
+            with contextlib.suppress(ConnectionError):
+                await asyncio.wait_for(reader.read(), 5)  # refused, answered, or idle: never a hang
+            writer.close()
+            assert w.errors == []
+            good_reader, good = await w.connect()
+            good.write(post(b"{}", path="/echo"))
+            assert (await read_answer(good_reader))[0] == 200
+            good.close()
 
     run(scenario())
