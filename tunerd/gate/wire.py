@@ -92,10 +92,10 @@ class EngineBroken(EngineError):
 class EngineConnection(asyncio.Protocol):
     """One keep-alive connection to the engine, carrying one exchange at a time.
 
-    After :meth:`send`, :attr:`head` resolves with the answer's head. The body then waits in
-    memory until the handler says what to do with it: :meth:`read` (all of it),
-    :meth:`hold_back` (until a test on what came passes), or :meth:`pipe` (to a client, as it
-    comes). :meth:`release` ends the exchange: the connection goes back to the pool if the
+    After :meth:`send`, the future it returns resolves with the answer's head (:attr:`response`).
+    The body then waits in memory until the handler says what to do with it: :meth:`read` (all
+    of it), :meth:`hold_back` (until a test on what came passes), or :meth:`pipe` (to a client,
+    as it comes). :meth:`release` ends the exchange: the connection goes back to the pool if the
     answer came whole and the engine keeps it open, and is closed otherwise (which is how a
     request the client gave up on is aborted)."""
 
