@@ -241,8 +241,7 @@ class Admission:
         need = need_tokens(ticket.prompt_tokens, ticket.max_tokens, self.pool)
         budget = self.budget
         fits = budget is not None and self._running_need + need <= budget
-        cap = self.limits.max_concurrency
-        return fits and need < self.limits.long_threshold and not (cap and len(self.running) >= cap)
+        return fits and need < self.limits.long_threshold and not self._at_cap()
 
     def done(self, ticket: Ticket, now: float) -> list[Ticket]:
         """A request finished (answered, failed or cancelled): its need is free again. A
@@ -471,9 +470,12 @@ class Admission:
             return True
         return not self.running and reserved == 0  # over the budget, within the pool: alone
 
-    def _blocked_by_count(self, ticket: Ticket, long_running: int | None = None) -> bool:
+    def _at_cap(self) -> bool:
         cap = self.limits.max_concurrency
-        if cap and len(self.running) >= cap:
+        return bool(cap) and len(self.running) >= cap
+
+    def _blocked_by_count(self, ticket: Ticket, long_running: int | None = None) -> bool:
+        if self._at_cap():
             return True
         lane = self.long_running if long_running is None else long_running
         return ticket.long and lane >= self.limits.long_lane

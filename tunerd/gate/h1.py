@@ -15,9 +15,11 @@ than guessed, so no request means one thing to the gate and another to the engin
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 __all__ = [
+    "ERROR_HEADERS",
     "HOP_HEADERS",
     "MAX_HEAD",
     "ChunkedDecoder",
@@ -25,6 +27,7 @@ __all__ = [
     "RequestHead",
     "ResponseHead",
     "answer_head",
+    "error_body",
     "find_head_end",
     "forward_head",
     "parse_request_head",
@@ -423,6 +426,15 @@ def forward_head(
             b"\r\n",
         )
     )
+
+
+ERROR_HEADERS = [("content-type", "application/json"), ("x-tunerd-gate", "1")]  # the gate's own answers
+
+
+def error_body(status: int, message: str, kind: str) -> bytes:
+    """The body of an answer of the gate's own, shaped as vLLM's errors are (OpenAI's ``error``
+    object)."""
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
 
 
 def answer_head(

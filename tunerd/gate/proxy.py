@@ -57,7 +57,7 @@ from tunerd.gate.counting import (
     tokenize_count,
     usage_prompt_tokens,
 )
-from tunerd.gate.h1 import forward_head, request_bytes
+from tunerd.gate.h1 import ERROR_HEADERS, error_body, forward_head, request_bytes
 from tunerd.gate.wire import (
     ClientConnection,
     ClientRequest,
@@ -104,18 +104,11 @@ def limits_of(config: GateConfig) -> Limits:
     )
 
 
-def _error_body(status: int, message: str, kind: str) -> bytes:
-    """An answer of the gate's own, shaped as vLLM's errors are (OpenAI's ``error`` object)."""
-    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
-
-
 def _send_error(
     client: ClientConnection, status: int, message: str, kind: str, retry_after: int | None = None
 ) -> None:
-    headers = [("content-type", "application/json"), ("x-tunerd-gate", "1")]
-    if retry_after is not None:
-        headers.append(("retry-after", str(retry_after)))
-    client.send(status, headers, _error_body(status, message, kind))
+    headers = ERROR_HEADERS if retry_after is None else [*ERROR_HEADERS, ("retry-after", str(retry_after))]
+    client.send(status, headers, error_body(status, message, kind))
 
 
 def _send_verdict(client: ClientConnection, verdict: Verdict) -> None:
@@ -313,7 +306,7 @@ class EngineGate:
     def too_large(self) -> bytes:
         """The body of the 413 a request over ``max_body`` gets."""
         message = f"the request body is larger than the gate's max_body of {self.config.max_body:,} bytes"
-        return _error_body(413, message, "BadRequestError")
+        return error_body(413, message, "BadRequestError")
 
     async def _gated(self, request: ClientRequest, client: ClientConnection, endpoint: str) -> None:
         started = request.received

@@ -32,12 +32,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from tunerd.gate.h1 import (
+    ERROR_HEADERS,
     MAX_HEAD,
     ChunkedDecoder,
     HttpError,
     RequestHead,
     ResponseHead,
     answer_head,
+    error_body,
     find_head_end,
     parse_request_head,
     parse_response_head,
@@ -655,12 +657,7 @@ class ClientConnection(asyncio.Protocol):
     def _refuse(self, status: int, message: str) -> None:
         """An answer of the gate's own to a request it could not read; the connection ends."""
         self.keep = False
-        body = (
-            b'{"error": {"message": '
-            + _json_string(message)
-            + b', "type": "BadRequestError", "param": null, "code": %d}}' % status
-        )
-        self.send(status, [("content-type", "application/json"), ("x-tunerd-gate", "1")], body)
+        self.send(status, ERROR_HEADERS, error_body(status, message, "BadRequestError"))
         self.close()
 
     def _refuse_body(self) -> None:
@@ -668,7 +665,7 @@ class ClientConnection(asyncio.Protocol):
         a moment, so the answer reaches it rather than a reset."""
         self.keep = False
         body = self.listener.too_large()
-        self.send(413, [("content-type", "application/json"), ("x-tunerd-gate", "1")], body)
+        self.send(413, ERROR_HEADERS, body)
         self.buffer.clear()
         self.head = None
         self.lingering_until = time.monotonic() + LINGER_S
@@ -724,12 +721,6 @@ class ClientConnection(asyncio.Protocol):
         self.keep = False
         if self.transport is not None:
             self.transport.abort()
-
-
-def _json_string(text: str) -> bytes:
-    import json  # noqa: PLC0415 (only the rare refusal needs it)
-
-    return json.dumps(text).encode()
 
 
 class Listener:
